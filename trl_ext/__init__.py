@@ -1,0 +1,25 @@
+"""trl-ext: stepwise RLM training, token-span judge credit, the IPO masking loss and monitors for TRL.
+
+Importing ``trl_ext`` is cheap; the trainer classes (which import TRL, ~7 s) load on first access.
+"""
+
+from importlib import import_module
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it; resolved lazily so `trl-ext --version` and the pure math stay fast.
+_LAZY = {
+    "ExtGRPOConfig": "trl_ext.trainers",
+    "ExtGRPOTrainer": "trl_ext.trainers",
+    "ipo_keep_mask": "trl_ext.losses",
+    "ipo_loss": "trl_ext.losses",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'trl_ext' has no attribute {name!r}")

@@ -1,0 +1,135 @@
+"""Tiny, offline, deterministic models and tokenizers for tests, benchmarks and the quickstart.
+
+Nothing here touches the Hugging Face Hub: the tokenizer is a byte-level BPE trained in memory on a fixed
+corpus, and the models are randomly initialised Qwen2 architectures seeded by ``seed``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+# Chat template of the ChatML family (the one Qwen uses), written out so no Hub file is needed.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<|im_start|>assistant\n'}}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
+PAD_TOKEN_ID, EOS_TOKEN_ID = 0, 2
+
+# A small fixed corpus: chat words, digits, arithmetic, Python and REPL syntax used by the RLM scaffold.
+_CORPUS = [
+    "system user assistant You are a helpful assistant. Answer the question.",
+    "What is 2 + 3? The answer is 5. What is 7 * 6? The answer is 42.",
+    "0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 100 1000",
+    "```repl\nprint(context[:100])\nx = len(context)\nprint(x)\n```",
+    "FINAL(answer) FINAL_VAR(result) llm_query rlm_query rlm_query_batched SHOW_VARS context",
+    "def f(x):\n    return x + 1\nfor i in range(10):\n    print(i)\nif x > 0:\n    y = [a for a in b]",
+    "<think> Let me plan the response first. </think> Here is my response.",
+    "<response> The capital of France is Paris. </response> Thank you!",
+    "The quick brown fox jumps over the lazy dog. Hello world! yes no true false None",
+    "import re\nresult = re.findall(r'[a-z]+', text)\nanswer = sum(values) / max(1, len(values))",
+    "error Traceback (most recent call last): NameError: name 'y' is not defined",
+]
+
+
+@lru_cache(maxsize=4)
+def _tokenizer_json(vocab_size: int) -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    return tok.to_str()
+
+
+def build_tiny_tokenizer(vocab_size: int = 384):
+    """A byte-level BPE tokenizer with a ChatML chat template, trained offline on a fixed corpus.
+
+    Any text round-trips (byte-level alphabet). Special tokens: ``<|endoftext|>`` (pad, id 0), ``<|im_start|>``
+    (id 1), ``<|im_end|>`` (eos, id 2). Left padding, as TRL's generation expects.
+    """
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(_tokenizer_json(vocab_size)),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        padding_side="left",
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def _tiny_qwen2_config(vocab_size: int, overrides: dict[str, Any]):
+    from transformers import Qwen2Config
+
+    params: dict[str, Any] = dict(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        pad_token_id=PAD_TOKEN_ID,
+        eos_token_id=EOS_TOKEN_ID,
+        bos_token_id=None,
+        initializer_range=0.02,
+    )
+    reference = Qwen2Config()
+    unknown = [key for key in overrides if key not in params and not hasattr(reference, key)]
+    if unknown:
+        raise TypeError(f"Unknown Qwen2Config field(s) {sorted(unknown)}; pass fields of transformers.Qwen2Config.")
+    params.update(overrides)
+    return Qwen2Config(**params)
+
+
+def build_tiny_model_and_tokenizer(seed: int = 0, **config_overrides: Any):
+    """Build a tiny causal LM (Qwen2 architecture, ~30k parameters) and its tokenizer, fully offline.
+
+    Args:
+        seed: seeds the weight initialisation; the same seed gives bit-identical weights.
+        **config_overrides: fields of `transformers.Qwen2Config`, e.g. ``initializer_range=0.5`` for a peaked
+            (far from uniform) policy, which tests of clipping and masking need.
+
+    Returns:
+        ``(model, tokenizer)``: a `Qwen2ForCausalLM` in float32 with a generation config (eos = pad-free
+        ``<|im_end|>``), and the tokenizer of `build_tiny_tokenizer`.
+    """
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
+    tokenizer = build_tiny_tokenizer()
+    config = _tiny_qwen2_config(len(tokenizer), config_overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID)
+    return model, tokenizer
+
+
+def build_tiny_reward_model(seed: int = 0, **config_overrides: Any):
+    """Build a tiny sequence-classification reward model (one label) and its tokenizer, fully offline.
+
+    The score of a sequence is read at its last non-pad token, as `transformers` does for Qwen2.
+    """
+    from transformers import Qwen2ForSequenceClassification
+
+    tokenizer = build_tiny_tokenizer()
+    config = _tiny_qwen2_config(len(tokenizer), {"num_labels": 1, **config_overrides})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForSequenceClassification(config)
+    return model, tokenizer

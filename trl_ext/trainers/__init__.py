@@ -1,0 +1,5 @@
+"""Trainers: thin subclasses of TRL's GRPOTrainer/GRPOConfig that wire trl-ext's pure modules in."""
+
+from .ext_grpo import ExtGRPOConfig, ExtGRPOTrainer
+
+__all__ = ["ExtGRPOConfig", "ExtGRPOTrainer"]
