@@ -1,0 +1,141 @@
+"""`trl_ext.losses` against hand-computed values (SPEC §3)."""
+
+import math
+
+import pytest
+import torch
+
+from trl_ext.losses import ipo_keep_mask, ipo_loss
+
+# Two rollouts, three completion tokens; the last token of row 1 is padding.
+P = torch.tensor([[0.5, 0.9, 0.1], [0.2, 0.05, 0.6]], dtype=torch.float64)
+P_OLD = torch.tensor([[0.4, 0.5, 0.01], [0.2, 0.5, 0.7]], dtype=torch.float64)
+MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
+ADV = torch.tensor([1.0, -2.0], dtype=torch.float64)
+# |p - p_old| = [[0.1, 0.4, 0.09], [0.0, 0.45, 0.1]] -> kept (ε = 0.3): [[1, 0, 1], [1, 0, (pad)]]
+# ρ = [[1.25, 1.8, 10], [1, 0.1, -]] -> ρ̂ (C = 8) = [[1.25, 1.8, 8], [1, 0.1, -]]
+# -keep·A·ρ̂ = [[-1.25, 0, -8], [2, 0, -]] -> sum -7.25 over 5 loss tokens
+
+
+def _logps():
+    return P.log().requires_grad_(True), P_OLD.log()
+
+
+def test_keep_mask_hand_computed():
+    keep = ipo_keep_mask(P.log(), P_OLD.log(), threshold=0.3)
+    assert keep.dtype == torch.bool
+    assert keep.tolist() == [[True, False, True], [True, False, True]]
+    # the boundary is inclusive and the mask ignores advantages entirely
+    assert ipo_keep_mask(torch.tensor([[0.5]]).log(), torch.tensor([[0.25]]).log(), threshold=0.25).item()
+
+
+def test_keep_mask_nonfinite_and_validation():
+    logps = torch.tensor([[-0.1, -0.1]])
+    old = torch.tensor([[float("-inf"), float("nan")]])  # p_old = 0 (|Δ| = 0.905 > 0.3), and unscorable
+    assert ipo_keep_mask(logps, old).tolist() == [[False, False]]
+    assert ipo_keep_mask(logps, old, threshold=0.95).tolist() == [[True, False]]
+    with pytest.raises(ValueError, match="threshold"):
+        ipo_keep_mask(logps, logps, threshold=-0.1)
+    with pytest.raises(ValueError, match="same shape"):
+        ipo_keep_mask(logps, logps[:, :1])
+
+
+def test_ipo_loss_hand_computed_value_and_metrics():
+    logps, old = _logps()
+    loss, metrics = ipo_loss(logps, old, ADV, MASK, threshold=0.3, ratio_cap=8.0)
+    assert loss.item() == pytest.approx(-7.25 / 5)
+    assert metrics["masked_ratio"].item() == pytest.approx(2 / 5)
+    assert metrics["capped_ratio"].item() == pytest.approx(1 / 5)
+    assert metrics["ratio_mean"].item() == pytest.approx((1.25 + 1.8 + 10 + 1 + 0.1) / 5)
+    assert metrics["num_tokens"].item() == 5
+
+
+def test_ipo_loss_gradient_zero_on_masked_and_bounded_on_capped():
+    logps, old = _logps()
+    loss, _ = ipo_loss(logps, old, ADV, MASK)
+    loss.backward()
+    # d loss / d log p = -keep · A · min(ρ, C) / 5: the capped token gets exactly -A·C/5
+    expected = torch.tensor([[-1.25 / 5, 0.0, -8.0 / 5], [2.0 / 5, 0.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(logps.grad, expected)
+
+
+def test_ipo_loss_kl_tau_penalty():
+    logps, old = _logps()
+    loss, _ = ipo_loss(logps, old, ADV, MASK, kl_tau=0.1)
+    penalty = sum(math.log(r) ** 2 for r in (1.25, 1.8, 10.0, 1.0, 0.1))
+    assert loss.item() == pytest.approx((-7.25 + 0.1 * penalty) / 5)
+
+
+def test_ipo_loss_token_advantages_equal_broadcast_row_advantages():
+    logps, old = _logps()
+    loss_row, _ = ipo_loss(logps, old, ADV, MASK)
+    loss_tok, _ = ipo_loss(logps, old, ADV.unsqueeze(1).expand(2, 3).clone(), MASK)
+    assert loss_row.item() == pytest.approx(loss_tok.item())
+    # a per-token advantage changes exactly the tokens it touches: +0.5 on the kept, uncapped token (0, 0)
+    token_adv = ADV.unsqueeze(1).expand(2, 3).clone()
+    token_adv[0, 0] += 0.5
+    loss_changed, _ = ipo_loss(logps, old, token_adv, MASK)
+    assert loss_changed.item() == pytest.approx((-7.25 - 0.5 * 1.25) / 5)
+    with pytest.raises(ValueError, match="advantages must have shape"):
+        ipo_loss(logps, old, torch.ones(3), MASK)
+
+
+def test_ipo_loss_ignores_garbage_old_logps_at_padding():
+    logps, old = _logps()
+    garbage = old.clone()
+    garbage[1, 2] = float("-inf")
+    loss_inf, _ = ipo_loss(logps, garbage, ADV, MASK)
+    garbage[1, 2] = float("nan")
+    loss_nan, _ = ipo_loss(logps, garbage, ADV, MASK)
+    garbage[1, 2] = 1e30
+    loss_big, _ = ipo_loss(logps, garbage, ADV, MASK, kl_tau=0.0)
+    for loss in (loss_inf, loss_nan, loss_big):
+        assert loss.item() == pytest.approx(-7.25 / 5)
+    loss_nan.backward()
+    assert torch.isfinite(logps.grad).all()
+
+
+def test_ipo_loss_unscorable_token_inside_mask_is_masked_out():
+    logps, old = _logps()
+    old = old.clone()
+    old[0, 0] = float("nan")  # e.g. a token vLLM could not score
+    loss, metrics = ipo_loss(logps, old, ADV, MASK)
+    assert loss.item() == pytest.approx((-7.25 + 1.25) / 5)
+    assert metrics["masked_ratio"].item() == pytest.approx(3 / 5)
+
+
+def test_ipo_loss_all_masked_rows():
+    logps, old = _logps()
+    loss, metrics = ipo_loss(logps, old, ADV, torch.zeros_like(MASK))
+    assert loss.item() == 0.0
+    assert metrics["masked_ratio"].item() == 0.0
+    loss.backward()
+    assert torch.count_nonzero(logps.grad) == 0
+    # a row whose tokens are all outside the trust region contributes 0 but still counts in the normaliser
+    far = torch.tensor([[0.9, 0.9], [0.5, 0.5]], dtype=torch.float64)
+    near = torch.tensor([[0.1, 0.1], [0.5, 0.5]], dtype=torch.float64)
+    loss, metrics = ipo_loss(far.log(), near.log(), torch.tensor([1.0, 1.0]), torch.ones(2, 2))
+    assert loss.item() == pytest.approx(-2.0 / 4)
+    assert metrics["masked_ratio"].item() == pytest.approx(0.5)
+
+
+def test_ipo_loss_underflowing_old_prob_is_capped_finitely():
+    logps = torch.tensor([[math.log(0.2)]], requires_grad=True)
+    old = torch.tensor([[-200.0]])  # p_old underflows to 0 in float32: ρ would be inf
+    loss, metrics = ipo_loss(logps, old, torch.tensor([1.0]), torch.ones(1, 1), ratio_cap=8.0)
+    assert loss.item() == pytest.approx(-8.0)
+    loss.backward()
+    assert logps.grad.item() == pytest.approx(-8.0)
+    assert metrics["capped_ratio"].item() == 1.0
+
+
+def test_ipo_loss_normalizer_and_validation():
+    logps, old = _logps()
+    loss, _ = ipo_loss(logps, old, ADV, MASK, normalizer=10.0)
+    assert loss.item() == pytest.approx(-7.25 / 10)
+    with pytest.raises(ValueError, match="ratio_cap must be > 1"):
+        ipo_loss(logps, old, ADV, MASK, ratio_cap=1.0)
+    with pytest.raises(ValueError, match="kl_tau"):
+        ipo_loss(logps, old, ADV, MASK, kl_tau=-1.0)
+    with pytest.raises(ValueError, match="must all be"):
+        ipo_loss(logps, old, ADV, MASK[:, :2])

@@ -1,0 +1,38 @@
+"""Shared pieces of the trainer tests: a toy prompt dataset, a reward with spread, CPU-safe configs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from datasets import Dataset
+
+PROMPTS = ["What is 2 + 3?", "Say hello.", "Count to five.", "Name a colour.", "What is 7 * 6?", "Say yes or no."]
+
+
+def toy_dataset(n: int = 8) -> Dataset:
+    return Dataset.from_dict({"prompt": [PROMPTS[i % len(PROMPTS)] for i in range(n)]})
+
+
+def digit_reward(completions: list[str], **kwargs: Any) -> list[float]:
+    """Fraction of characters that are digits: varies between samples, so group advantages are non-zero."""
+    return [sum(c.isdigit() for c in text) / max(1, len(text)) for text in completions]
+
+
+def cpu_config_kwargs(output_dir: str, **overrides: Any) -> dict[str, Any]:
+    kwargs: dict[str, Any] = dict(
+        output_dir=output_dir,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        learning_rate=1e-2,
+        seed=0,
+        disable_tqdm=True,
+    )
+    kwargs.update(overrides)
+    return kwargs

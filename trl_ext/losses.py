@@ -1,0 +1,139 @@
+"""Pure tensor functions for the IPO masking loss (SPEC §3).
+
+The IPO loss comes from prime-rl (PrimeIntellect-ai/prime-rl, ``src/prime_rl/trainer/rl/loss.py``). Instead of
+clipping the importance ratio ρ = p / p_old around 1 (PPO), it drops every token whose *probability* moved by more
+than ε since sampling, ``|p − p_old| > ε``: a trust region in probability space. The mask does not depend on the
+sign of the advantage. The kept tokens' ratio is capped at C with a stop-gradient, so its value never exceeds C and
+its gradient is bounded by C times the gradient of log p.
+
+Shapes: ``B`` rows (completions), ``T`` completion tokens. Log-probabilities are natural logs of the probability of
+the sampled token. No trainer state is read here; metrics are returned, not logged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["ipo_keep_mask", "ipo_loss"]
+
+
+def ipo_keep_mask(logps: Tensor, old_logps: Tensor, threshold: float = 0.3) -> Tensor:
+    """Tokens inside IPO's probability-difference trust region.
+
+    Args:
+        logps: ``(B, T)`` log p of the sampled tokens under the current policy.
+        old_logps: ``(B, T)`` log p_old of the same tokens under the sampling policy.
+        threshold: ε, the largest allowed ``|p − p_old|`` (a probability, so in ``(0, 1]``).
+
+    Returns:
+        ``(B, T)`` bool tensor, True where ``|exp(logps) − exp(old_logps)| <= threshold``. Non-finite inputs (NaN)
+        give False; ``old_logps = -inf`` means p_old = 0. Independent of the advantage sign.
+    """
+    if logps.shape != old_logps.shape:
+        raise ValueError(
+            f"logps {tuple(logps.shape)} and old_logps {tuple(old_logps.shape)} must have the same shape."
+        )
+    if threshold < 0:
+        raise ValueError(f"threshold must be >= 0 (a probability difference), got {threshold}.")
+    return (logps.detach().exp() - old_logps.detach().exp()).abs() <= threshold
+
+
+def _as_token_advantages(advantages: Tensor, shape: torch.Size) -> Tensor:
+    """Broadcast ``(B,)``, ``(B, 1)`` or ``(B, T)`` advantages to ``(B, T)``."""
+    batch, length = shape
+    if advantages.dim() == 1 and advantages.shape[0] == batch:
+        return advantages.unsqueeze(1).expand(batch, length)
+    if advantages.dim() == 2 and advantages.shape[0] == batch and advantages.shape[1] in (1, length):
+        return advantages.expand(batch, length)
+    raise ValueError(
+        f"advantages must have shape (B,), (B, 1) or (B, T) = ({batch},), ({batch}, 1) or ({batch}, {length}); "
+        f"got {tuple(advantages.shape)}."
+    )
+
+
+def ipo_loss(
+    logps: Tensor,
+    old_logps: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    threshold: float = 0.3,
+    ratio_cap: float = 8.0,
+    kl_tau: float = 0.0,
+    normalizer: float | Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """IPO masking loss (SPEC §3): ``mean over loss tokens of −keep·A·ρ̂ + τ·(log ρ)²``.
+
+    With ρ = p / p_old, ``keep = |p − p_old| <= threshold`` and the capped ratio ``ρ̂ = ρ · stopgrad(min(1, C/ρ))``:
+    ρ̂ equals min(ρ, C) in value and its gradient is ``min(ρ, C) · ∇log p``, so a capped token's gradient is
+    bounded by C. ρ̂ is computed in log space, so a p_old that underflows to 0 gives a finite capped value.
+
+    Args:
+        logps: ``(B, T)`` log p of the sampled tokens under the current policy (carries the gradient).
+        old_logps: ``(B, T)`` log p_old under the sampling policy (the inference engine's logprobs when present).
+            Values at positions outside ``mask`` are ignored, ``-inf``/NaN included; a NaN inside ``mask``
+            (a token the engine could not score) makes that token count as masked out.
+        advantages: ``(B,)`` per-rollout or ``(B, T)`` per-token advantages A.
+        mask: ``(B, T)`` loss tokens (bool or 0/1); padding and prompt positions are 0.
+        threshold: ε of the keep mask (default 0.3).
+        ratio_cap: C, the largest value of the ratio (default 8.0, must be > 1).
+        kl_tau: τ, weight of the ``(log ρ)²`` penalty (default 0).
+        normalizer: the summed per-token loss is divided by this; default: the number of loss tokens in ``mask``.
+            A trainer passes the token count of its whole accumulation window, as TRL's ``dapo`` loss does.
+
+    Returns:
+        ``(loss, metrics)``: a 0-dim loss, and 0-dim metrics over the loss tokens: ``masked_ratio`` (fraction
+        dropped by the trust region), ``capped_ratio`` (fraction kept with a ratio above the cap), ``ratio_mean``
+        (mean uncapped ρ over the scorable loss tokens), ``num_tokens`` (number of loss tokens).
+    """
+    if logps.dim() != 2 or logps.shape != old_logps.shape or logps.shape != mask.shape:
+        raise ValueError(
+            f"logps, old_logps and mask must all be (B, T); got {tuple(logps.shape)}, {tuple(old_logps.shape)} "
+            f"and {tuple(mask.shape)}."
+        )
+    if threshold < 0:
+        raise ValueError(f"threshold must be >= 0 (a probability difference), got {threshold}.")
+    if not ratio_cap > 1.0:
+        raise ValueError(f"ratio_cap must be > 1 (the ratio of an unchanged token is 1), got {ratio_cap}.")
+    if kl_tau < 0:
+        raise ValueError(f"kl_tau must be >= 0, got {kl_tau}.")
+    token_advantages = _as_token_advantages(advantages, logps.shape).to(logps.dtype)
+
+    loss_tokens = mask.bool()
+    # `where`, not multiplication: garbage old log-probs at padding (-inf, NaN) must not reach exp/backward.
+    scorable = loss_tokens & torch.isfinite(old_logps) & torch.isfinite(logps.detach())
+    zeros = torch.zeros_like(logps)
+    safe_logps = torch.where(scorable, logps, zeros)
+    safe_old_logps = torch.where(scorable, old_logps.to(logps.dtype), zeros)
+
+    log_ratio = safe_logps - safe_old_logps
+    keep = ipo_keep_mask(safe_logps, safe_old_logps, threshold) & scorable
+    # ρ̂ = ρ · stopgrad(min(1, C/ρ)) in log space: value min(log ρ, log C), gradient ∇log ρ. Written as
+    # stopgrad(value) + (x − stopgrad(x)) so the value is exactly min(log ρ, log C) (x − x is exactly 0).
+    log_cap = math.log(ratio_cap)
+    capped_log_ratio = log_ratio.detach().clamp(max=log_cap) + (log_ratio - log_ratio.detach())
+    capped_ratio_value = capped_log_ratio.exp()
+
+    per_token_loss = -keep.to(logps.dtype) * token_advantages * capped_ratio_value
+    if kl_tau:
+        per_token_loss = per_token_loss + kl_tau * log_ratio.pow(2)
+    per_token_loss = torch.where(scorable, per_token_loss, zeros)
+
+    num_tokens = loss_tokens.sum()
+    denominator = num_tokens.clamp(min=1).to(logps.dtype) if normalizer is None else normalizer
+    loss = per_token_loss.sum() / denominator
+
+    with torch.no_grad():
+        count = num_tokens.clamp(min=1).to(torch.float32)
+        is_capped = keep & (log_ratio > log_cap)
+        metrics = {
+            "masked_ratio": (loss_tokens & ~keep).sum().to(torch.float32) / count,
+            "capped_ratio": is_capped.sum().to(torch.float32) / count,
+            "ratio_mean": torch.where(scorable, log_ratio.exp(), zeros).sum().to(torch.float32)
+            / scorable.sum().clamp(min=1).to(torch.float32),
+            "num_tokens": num_tokens.to(torch.float32),
+        }
+    return loss, metrics

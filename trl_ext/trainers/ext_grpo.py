@@ -1,0 +1,392 @@
+"""`ExtGRPOTrainer`: TRL's GRPOTrainer with the IPO masking loss, per-token advantages and a row-changing hook.
+
+Everything TRL does (generation with transformers or vLLM, LoRA, Accelerate, reward functions, logging) is left to
+`trl.GRPOTrainer`. This subclass adds three things:
+
+1. ``loss_type="ipo"``: the probability-difference trust region of SPEC §3 (`trl_ext.losses.ipo_loss`).
+2. `ExtGRPOTrainer.process_scored_batch`, one documented hook on the scored generation batch through which a
+   subclass may replace the ``(B,)`` advantages by ``(B, T)`` per-token ones, attach per-token loss weights, or
+   change the rows (split rollouts into turns).
+3. The bookkeeping a changed row count needs (../shared/NOTES.md): rows are padded so none is dropped by TRL's
+   split into ``steps_per_generation`` chunks and every rank holds the same count, and ``num_items_in_batch`` is
+   recomputed from the final masks.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from ..losses import ipo_loss
+
+logger = logging.getLogger(__name__)
+
+TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+LOSS_TYPES = (*TRL_LOSS_TYPES, "ipo")
+# Loss types that average over rows: padding rows would dilute them, so their loss is rescaled by rows/real rows.
+ROW_MEAN_LOSS_TYPES = ("grpo", "sapo", "luspo", "dr_grpo")
+
+
+@dataclass
+class ExtGRPOConfig(GRPOConfig):
+    r"""
+    Configuration for [`ExtGRPOTrainer`]: every field of `trl.GRPOConfig`, plus the IPO masking loss.
+
+    Parameters:
+        > IPO masking loss (SPEC §3; used when `loss_type="ipo"`)
+
+        loss_type (`str`, *optional*, defaults to `"dapo"`):
+            One of TRL's loss types (`"grpo"`, `"bnpo"`, `"dr_grpo"`, `"dapo"`, `"cispo"`, `"sapo"`, `"luspo"`,
+            `"vespo"`) or `"ipo"`: keep a token iff `|p − p_old| <= ipo_threshold`, cap the ratio at
+            `ipo_ratio_cap`, normalise by the number of loss tokens (as `"dapo"`).
+        ipo_threshold (`float`, *optional*, defaults to `0.3`):
+            ε, the largest probability change `|p − p_old|` of a token that still gets a gradient.
+        ipo_ratio_cap (`float`, *optional*, defaults to `8.0`):
+            C, the cap on the importance ratio `p / p_old` (value ≤ C, gradient bounded by C). Must be > 1.
+        ipo_kl_tau (`float`, *optional*, defaults to `0.0`):
+            τ, weight of the `(log p/p_old)²` penalty added to every loss token.
+    """
+
+    ipo_threshold: float = field(
+        default=0.3,
+        metadata={
+            "help": "IPO loss: ε, the largest probability change |p − p_old| of a token that still gets a gradient "
+            "(tokens beyond it are masked, whatever the advantage sign). prime-rl's default is 0.3."
+        },
+    )
+    ipo_ratio_cap: float = field(
+        default=8.0,
+        metadata={"help": "IPO loss: C, the cap on the importance ratio p / p_old (value ≤ C, gradient ≤ C). > 1."},
+    )
+    ipo_kl_tau: float = field(
+        default=0.0,
+        metadata={"help": "IPO loss: τ, weight of the (log p/p_old)² penalty on every loss token. >= 0."},
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"Unknown loss_type={self.loss_type!r}. Set loss_type to one of {list(LOSS_TYPES)}.")
+        if not 0.0 < self.ipo_threshold <= 1.0:
+            raise ValueError(
+                f"ipo_threshold={self.ipo_threshold} is not a probability difference: set it in (0, 1] "
+                "(prime-rl uses 0.3; smaller is a tighter trust region)."
+            )
+        if not self.ipo_ratio_cap > 1.0:
+            raise ValueError(
+                f"ipo_ratio_cap={self.ipo_ratio_cap} would cap even unchanged tokens (ratio 1): set it > 1 "
+                "(default 8.0)."
+            )
+        if self.ipo_kl_tau < 0:
+            raise ValueError(f"ipo_kl_tau={self.ipo_kl_tau} must be >= 0 (0 disables the penalty).")
+        if self.loss_type == "ipo":
+            if self.importance_sampling_level != "token":
+                raise ValueError(
+                    "loss_type='ipo' masks single tokens: set importance_sampling_level='token' "
+                    f"(got {self.importance_sampling_level!r})."
+                )
+            if self.entropy_coef != 0.0 or self.use_adaptive_entropy:
+                raise ValueError(
+                    "loss_type='ipo' does not support TRL's entropy bonus: set entropy_coef=0.0 and "
+                    "use_adaptive_entropy=False, or use a TRL loss type."
+                )
+
+
+class ExtGRPOTrainer(GRPOTrainer):
+    """`trl.GRPOTrainer` plus the IPO loss, per-token advantages and the `process_scored_batch` hook.
+
+    Use it exactly like `GRPOTrainer`; pass an [`ExtGRPOConfig`] (a plain `GRPOConfig` works for TRL's loss types).
+    Metrics added under the IPO loss: ``ipo/masked_ratio``, ``ipo/capped_ratio``, ``ipo/ratio_mean``. When a
+    subclass changes the row count, ``batch/padding_rows`` counts the zero-loss rows added (all ranks).
+    """
+
+    def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *pargs, **kwargs):
+        if args is None:
+            name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "") or "model"
+            args = ExtGRPOConfig(f"{name.rstrip('/').split('/')[-1]}-GRPO")
+        if args.loss_type == "ipo" and not isinstance(args, ExtGRPOConfig):
+            raise TypeError("loss_type='ipo' needs the IPO settings: pass args=trl_ext.ExtGRPOConfig(...).")
+        if args.loss_type not in LOSS_TYPES:
+            raise ValueError(f"Unknown loss_type={args.loss_type!r}. Set loss_type to one of {list(LOSS_TYPES)}.")
+        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The hook
+    # ------------------------------------------------------------------------------------------------------------
+    def process_scored_batch(self, batch: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """Transform this rank's scored generation batch before it is shuffled and split into micro-batches.
+
+        Called right after `GRPOTrainer._generate_and_score_completions` (rewards and group advantages are
+        final, computed over all ranks). The default returns ``batch`` unchanged. A subclass may:
+
+        - replace ``batch["advantages"]`` (``(B,)``) by a ``(B, T)`` tensor of per-token advantages aligned with
+          ``batch["completion_ids"]``;
+        - add ``batch["loss_weights"]``, a ``(B, T)`` tensor ≥ 0 multiplying each token's policy loss (folded
+          into the advantages, which is exact for every loss type since each is linear in the advantage for a
+          non-negative weight; the KL and τ penalties stay unweighted);
+        - change the rows: return any number N of rows, where every value is an N-row tensor, a 0-dim tensor, a
+          length-N list or None. Rows are padded afterwards (zero loss) so that N is a multiple of
+          ``steps_per_generation`` and equal on every rank, and ``num_items_in_batch`` is recomputed. Log-prob
+          tensors (``old_per_token_logps``, ``ref_per_token_logps``, ``sampling_per_token_logps``) must describe
+          the new rows: recompute them when a row's prompt is not a token-exact prefix of the old one.
+
+        Args:
+            batch: TRL's output: ``prompt_ids``/``prompt_mask`` ``(B, P)`` left-padded, ``completion_ids``/
+                ``completion_mask`` ``(B, T)`` right-padded, ``advantages`` ``(B,)``, ``num_items_in_batch``
+                (0-dim), optional ``old_per_token_logps``/``ref_per_token_logps``/``sampling_per_token_logps``/
+                ``importance_sampling_ratio``/``tool_mask`` ``(B, T)``, and ``rewards`` ``(B,)`` (this rank's
+                weighted total reward, added by trl-ext).
+            inputs: the B dataset rows of this rank (dicts of the dataset's columns), in batch order.
+
+        Returns:
+            The transformed batch.
+        """
+        return batch
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = super()._generate_and_score_completions(inputs)
+        batch["rewards"] = self._local_rewards(len(inputs))
+        batch = self.process_scored_batch(batch, inputs)
+        return self._pad_rows(batch)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        # Keep TRL's gathered (all ranks) per-function rewards so the hook can see this rank's rewards.
+        self._rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        return self._rewards_per_func
+
+    def _local_rewards(self, num_local: int) -> torch.Tensor:
+        """This rank's rows of the weighted total reward TRL just computed, ``(B,)``; NaN where unscorable."""
+        start = self.accelerator.process_index * num_local
+        local = self._rewards_per_func[start : start + num_local]
+        total = (local * self.reward_weights.to(local.device).unsqueeze(0)).nansum(dim=1)
+        total[torch.isnan(local).all(dim=1)] = float("nan")
+        return total
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Row bookkeeping
+    # ------------------------------------------------------------------------------------------------------------
+    def _pad_rows(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Validate the batch, pad its rows (no row dropped, equal counts on all ranks), recompute token counts."""
+        num_rows = _check_batch(batch)
+        mode = "train" if self.model.training else "eval"
+        chunks = self.args.steps_per_generation if mode == "train" else 1
+        if self.accelerator.num_processes > 1:
+            max_rows = int(
+                self.accelerator.gather(torch.tensor([num_rows], device=self.accelerator.device)).max().item()
+            )
+        else:
+            max_rows = num_rows
+        target = -(-max_rows // chunks) * chunks  # round up to a multiple of the number of micro-batches
+        num_padding = target - num_rows
+        if num_padding:
+            if num_rows == 0:
+                raise ValueError(
+                    "process_scored_batch returned 0 rows on this rank: return at least one row (rows are padded "
+                    "by copying real rows with their loss masked)."
+                )
+            if self._entropy_bonus_enabled and self.loss_type in ROW_MEAN_LOSS_TYPES:
+                raise ValueError(
+                    f"Padding rows with loss_type={self.loss_type!r} and TRL's entropy bonus would rescale the "
+                    "bonus: set entropy_coef=0.0 (and use_adaptive_entropy=False), or use a token-normalised loss "
+                    "(loss_type='dapo', 'bnpo' or 'ipo')."
+                )
+            batch = _pad_batch(batch, num_rows, num_padding)
+        padding = torch.zeros(target, dtype=torch.bool, device=batch["completion_mask"].device)
+        padding[num_rows:] = True
+        batch["is_padding_row"] = padding
+
+        loss_mask = batch["completion_mask"]
+        if batch.get("tool_mask") is not None:
+            loss_mask = loss_mask * batch["tool_mask"]
+        batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        total_padding = self.accelerator.gather(torch.tensor([num_padding], device=padding.device)).sum()
+        self._metrics[mode]["batch/padding_rows"].append(float(total_padding.item()))
+        return batch
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Loss
+    # ------------------------------------------------------------------------------------------------------------
+    def _compute_loss(self, model, inputs):
+        inputs = _fold_loss_weights(inputs)
+        if self.loss_type == "ipo":
+            return self._compute_ipo_loss(model, inputs)
+        loss = super()._compute_loss(model, inputs)
+        padding = inputs.get("is_padding_row")
+        if self.loss_type in ROW_MEAN_LOSS_TYPES and padding is not None and padding.any():
+            # TRL averages these losses over rows; padding rows add 0 but count, so undo their dilution.
+            real_rows = (~padding).sum().clamp(min=1)
+            loss = loss * (padding.numel() / real_rows)
+        return loss
+
+    def _compute_ipo_loss(self, model, inputs: dict[str, Any]) -> torch.Tensor:
+        """SPEC §3 on TRL's batch: log-probs from TRL's forward, loss from `ipo_loss`, normalised like ``dapo``."""
+        mode = "train" if self.model.training else "eval"
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        mask = completion_mask if inputs.get("tool_mask") is None else completion_mask * inputs["tool_mask"]
+
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            completion_ids.size(1),
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **{key: inputs.get(key) for key in _FORWARD_KEYS},
+        )
+
+        # p_old: the generator's own log-probs (vLLM) when present, else TRL's old log-probs, else on-policy.
+        old_logps = inputs.get("sampling_per_token_logps")
+        if old_logps is None:
+            old_logps = inputs.get("old_per_token_logps")
+        if old_logps is None:
+            old_logps = per_token_logps.detach()
+
+        advantages = inputs["advantages"]
+        if advantages.dim() == 1:
+            advantages = advantages.unsqueeze(1)
+        loss_mask = mask
+        if self.top_entropy_quantile < 1.0:
+            loss_mask = loss_mask * self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+        if self.off_policy_mask_threshold is not None:
+            loss_mask = loss_mask * self.get_off_policy_mask(
+                advantages=advantages,
+                per_token_logps=per_token_logps,
+                sampling_per_token_logps=old_logps,
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )
+
+        # Normalise by the loss tokens of one accumulation window on all ranks, exactly as TRL's "dapo".
+        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+        if mode == "train":
+            normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        loss, metrics = ipo_loss(
+            per_token_logps,
+            old_logps,
+            advantages,
+            loss_mask,
+            threshold=self.args.ipo_threshold,
+            ratio_cap=self.args.ipo_ratio_cap,
+            kl_tau=self.args.ipo_kl_tau,
+            normalizer=normalizer,
+        )
+
+        if self.beta != 0.0:
+            ref_logps = inputs["ref_per_token_logps"]
+            per_token_kl = torch.exp(ref_logps - per_token_logps) - (ref_logps - per_token_logps) - 1
+            if self.args.use_bias_correction_kl:
+                per_token_kl = per_token_kl * torch.exp(per_token_logps - old_logps).nan_to_num(0.0)
+            loss = loss + self.beta * (per_token_kl * mask).sum() / normalizer
+            self._metrics[mode]["kl"].append(self._global_mean((per_token_kl * mask).sum(), mask.sum()))
+        if self.aux_loss_enabled:
+            accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
+
+        self._metrics[mode]["entropy"].append(self._global_mean((entropies * mask).sum(), mask.sum()))
+        num_tokens = metrics["num_tokens"]
+        for name in ("masked_ratio", "capped_ratio", "ratio_mean"):
+            self._metrics[mode][f"ipo/{name}"].append(self._global_mean(metrics[name] * num_tokens, num_tokens))
+        return loss
+
+    def _global_mean(self, local_sum: torch.Tensor, local_count: torch.Tensor) -> float:
+        totals = self.accelerator.reduce(
+            torch.stack([local_sum.detach().float(), local_count.detach().float()]), reduction="sum"
+        )
+        return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+
+# Multimodal / model-specific inputs TRL forwards to the model, when present.
+_FORWARD_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+
+
+def _check_batch(batch: dict[str, Any]) -> int:
+    """Check the invariants TRL's shuffle/split rely on; return the row count N."""
+    if "prompt_ids" not in batch or "completion_ids" not in batch:
+        raise ValueError("The batch must keep 'prompt_ids' and 'completion_ids' (TRL's loss reads them).")
+    first_key, first = next(iter(batch.items()))
+    if isinstance(first, torch.Tensor) and first.dim() == 0:
+        raise ValueError(
+            f"The first batch value ({first_key!r}) is 0-dim; TRL reads the row count from the first value: put a "
+            "row-indexed tensor (e.g. 'prompt_ids') first."
+        )
+    num_rows = batch["prompt_ids"].shape[0]
+    for key, value in batch.items():
+        if value is None or (isinstance(value, torch.Tensor) and value.dim() == 0):
+            continue
+        if len(value) != num_rows:
+            raise ValueError(
+                f"batch[{key!r}] has {len(value)} rows but 'prompt_ids' has {num_rows}: every value must be an "
+                "N-row tensor, a 0-dim tensor, a length-N list or None."
+            )
+    completion_shape = batch["completion_ids"].shape
+    advantages = batch["advantages"]
+    if advantages.shape not in ((num_rows,), completion_shape):
+        raise ValueError(
+            f"advantages must be (N,) or (N, T) = {tuple(completion_shape)} (aligned with completion_ids); got "
+            f"{tuple(advantages.shape)}."
+        )
+    weights = batch.get("loss_weights")
+    if weights is not None:
+        if weights.shape != completion_shape:
+            raise ValueError(
+                f"loss_weights must be (N, T) = {tuple(completion_shape)} like completion_ids; got "
+                f"{tuple(weights.shape)}."
+            )
+        if not torch.isfinite(weights).all() or (weights < 0).any():
+            raise ValueError("loss_weights must be finite and >= 0 (a weight multiplies a token's policy loss).")
+    return num_rows
+
+
+# Per-row values that must be zero on a padding row so that it carries no loss and no advantage.
+_ZEROED_ON_PADDING = ("completion_mask", "advantages", "loss_weights", "rewards")
+
+
+def _pad_batch(batch: dict[str, Any], num_rows: int, num_padding: int) -> dict[str, Any]:
+    """Append ``num_padding`` copies of real rows (cyclically) with their loss masked out.
+
+    Copies of real rows, not blank rows: a row whose attention mask is all zeros gives NaN log-probs, and
+    NaN × 0 is NaN in the loss sum.
+    """
+    source = torch.arange(num_padding) % num_rows
+    padded: dict[str, Any] = {}
+    for key, value in batch.items():
+        if value is None or (isinstance(value, torch.Tensor) and value.dim() == 0):
+            padded[key] = value
+        elif isinstance(value, torch.Tensor):
+            extra = value[source.to(value.device)].clone()
+            if key in _ZEROED_ON_PADDING:
+                extra.zero_()
+            padded[key] = torch.cat([value, extra])
+        else:
+            padded[key] = list(value) + [value[i] for i in source.tolist()]
+    return padded
+
+
+def _fold_loss_weights(inputs: dict[str, Any]) -> dict[str, Any]:
+    """Multiply the advantages by ``loss_weights`` (B, T): each loss type is linear in A for weights ≥ 0."""
+    weights = inputs.get("loss_weights")
+    if weights is None:
+        return inputs
+    advantages = inputs["advantages"]
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)
+    return {**inputs, "advantages": advantages * weights}
