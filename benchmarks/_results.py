@@ -1,0 +1,26 @@
+"""Write one benchmark's table into benchmarks/RESULTS.md, between its own markers, keeping the others."""
+
+from __future__ import annotations
+
+import platform
+import re
+from datetime import date
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+HEADER = "# Benchmark results\n\nEach section is written by the benchmark named in it; rerun it to refresh the numbers.\n"
+
+
+def machine() -> str:
+    return f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}, {date.today()}"
+
+
+def write_section(name: str, body: str) -> None:
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    block = f"{start}\n{body.strip()}\n{end}"
+    text = RESULTS.read_text() if RESULTS.exists() else HEADER
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    RESULTS.write_text(text)
