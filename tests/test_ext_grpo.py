@@ -265,3 +265,25 @@ def test_two_process_run_with_unequal_row_counts(tmp_path):
     # rank 0 keeps its 4 rows, rank 1 grows to 7: both end with 7 real + padding rows, none lost
     assert reports[0] == ["rank=0", "real_rows=4", "rows=7", "steps=2"]
     assert reports[1] == ["rank=1", "real_rows=7", "rows=7", "steps=2"]
+
+
+def test_monitors_passed_as_callbacks_run_before_the_loggers(tmp_path):
+    from transformers.trainer_callback import DefaultFlowCallback
+
+    from trl_ext import default_monitors
+    from trl_ext.callbacks.monitors import MonitorCallback
+
+    model, tokenizer = build_tiny_model_and_tokenizer(0)
+    trainer = ExtGRPOTrainer(
+        model,
+        digit_reward,
+        args=ExtGRPOConfig(**cpu_config_kwargs(str(tmp_path))),
+        train_dataset=toy_dataset(),
+        processing_class=tokenizer,
+        callbacks=default_monitors(),
+    )
+    kinds = [type(cb) for cb in trainer.callback_handler.callbacks]
+    first_monitor = next(
+        i for i, cb in enumerate(trainer.callback_handler.callbacks) if isinstance(cb, MonitorCallback)
+    )
+    assert first_monitor == kinds.index(DefaultFlowCallback) + 1

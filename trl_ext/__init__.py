@@ -14,6 +14,12 @@ _LAZY = {
     "ExtGRPOTrainer": "trl_ext.trainers",
     "ipo_keep_mask": "trl_ext.losses",
     "ipo_loss": "trl_ext.losses",
+    "ClipRateMonitor": "trl_ext.callbacks",
+    "EntropyMonitor": "trl_ext.callbacks",
+    "RewardMonitor": "trl_ext.callbacks",
+    "default_monitors": "trl_ext.callbacks",
+    "add_monitors": "trl_ext.callbacks",
+    "plot_run": "trl_ext.callbacks",
 }
 
 __all__ = ["__version__", *_LAZY]

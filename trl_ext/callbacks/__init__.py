@@ -1,0 +1,33 @@
+"""Training monitors (clip rate / IPO mask, entropy and KL, reward) and the run-health plot (SPEC §4).
+
+Names resolve lazily: `plot_run` (and the ``trl-ext plot`` command) do not import transformers, and the monitors
+do not import matplotlib.
+"""
+
+from importlib import import_module
+from typing import Any
+
+# public name -> module that defines it
+_LAZY = {
+    "ClipRateMonitor": "trl_ext.callbacks.monitors",
+    "EntropyMonitor": "trl_ext.callbacks.monitors",
+    "RewardMonitor": "trl_ext.callbacks.monitors",
+    "MonitorCallback": "trl_ext.callbacks.monitors",
+    "MonitorAlert": "trl_ext.callbacks.monitors",
+    "default_monitors": "trl_ext.callbacks.monitors",
+    "add_monitors": "trl_ext.callbacks.monitors",
+    "plot_run": "trl_ext.callbacks.plotting",
+    "find_trainer_state": "trl_ext.callbacks.plotting",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'trl_ext.callbacks' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -113,6 +113,11 @@ class ExtGRPOTrainer(GRPOTrainer):
         if args.loss_type not in LOSS_TYPES:
             raise ValueError(f"Unknown loss_type={args.loss_type!r}. Set loss_type to one of {list(LOSS_TYPES)}.")
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        # Monitors passed as callbacks= would run after the trackers; move them ahead so alerts reach wandb & co.
+        from ..callbacks.monitors import MonitorCallback, add_monitors
+
+        if any(isinstance(cb, MonitorCallback) for cb in self.callback_handler.callbacks):
+            add_monitors(self)
 
     # ------------------------------------------------------------------------------------------------------------
     # The hook

@@ -1,0 +1,709 @@
+"""Tests of the training monitors (SPEC §4): each rule on synthetic logs, the callback plumbing, real GRPO runs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from transformers import TrainerControl, TrainerState
+from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback, TrainerCallback
+
+from trl_ext.callbacks import (
+    ClipRateMonitor,
+    EntropyMonitor,
+    MonitorAlert,
+    RewardMonitor,
+    add_monitors,
+    default_monitors,
+)
+
+LOGGER = "trl_ext.callbacks"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Synthetic logs
+
+
+def healthy_logs(n: int = 300, seed: int = 0, clip_key: str = "clip_ratio/region_mean") -> list[dict[str, float]]:
+    """A healthy GRPO run's logs with noise: reward rises and plateaus, entropy declines slowly, KL grows
+    slowly, the clip rate sits inside the band with ±30 % log-normal noise, few judge failures."""
+    rng = random.Random(seed)
+    logs = []
+    for t in range(n):
+        progress = t / n
+        logs.append(
+            {
+                "loss": rng.gauss(0, 0.01),
+                "learning_rate": 1e-6,
+                "reward": 0.2 + 0.5 / (1 + math.exp(-(t - n / 3) / (n / 12))) + rng.gauss(0, 0.05),
+                "reward_std": abs(0.3 + rng.gauss(0, 0.05)),
+                "frac_reward_zero_std": min(1.0, max(0.0, 0.25 + rng.gauss(0, 0.08))),
+                "entropy": (0.8 - 0.35 * progress) * math.exp(rng.gauss(0, 0.05)),
+                "kl": (0.002 + 0.05 * progress) * math.exp(rng.gauss(0, 0.25)),
+                clip_key: min(1.0, 0.05 * math.exp(rng.gauss(0, 0.3))),
+                "judge/failure_ratio": max(0.0, 0.03 + rng.gauss(0, 0.02)),
+                "judge/share": 0.06 + rng.gauss(0, 0.01),
+            }
+        )
+    return logs
+
+
+def feed(monitor, sequence, start: int = 1) -> list[MonitorAlert]:
+    """Observe every log of ``sequence`` (steps start, start+1, ...) and return all fired alerts."""
+    alerts = []
+    for step, logs in enumerate(sequence, start=start):
+        alerts += monitor.observe(logs, step)
+    return alerts
+
+
+def fired(alerts) -> list[tuple[str, int]]:
+    return [(a.rule, a.step) for a in alerts]
+
+
+def clip_logs(values, key="clip_ratio/region_mean"):
+    return [{key: v} for v in values]
+
+
+def off_policy_args(**overrides):
+    fields = dict(
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_iterations=2,
+        use_vllm=False,
+        logging_steps=1,
+        learning_rate=1e-6,
+        loss_type="dapo",
+        output_dir="",
+        should_save=False,
+    )
+    fields.update(overrides)
+    return SimpleNamespace(**fields)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Silent on healthy runs
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("clip_key", ["clip_ratio/region_mean", "ipo/masked_ratio"])
+def test_every_monitor_is_silent_on_noisy_healthy_runs(seed, clip_key):
+    monitors = [ClipRateMonitor(expect_nonzero=True, aggregate_logs=1), EntropyMonitor(), RewardMonitor()]
+    logs = healthy_logs(seed=seed, clip_key=clip_key)
+    for monitor in monitors:
+        assert feed(monitor, logs) == [], type(monitor).__name__
+        assert sum(monitor.alert_counts.values()) == 0
+
+
+def test_alternating_per_log_clip_rate_is_healthy_once_averaged_over_the_generation_cycle():
+    # num_iterations=2: the first step after each generation is on-policy (clip rate 0), the second is not.
+    rng = random.Random(0)
+    values = [0.0 if t % 2 == 0 else 0.08 * math.exp(rng.gauss(0, 0.3)) for t in range(200)]
+    monitor = ClipRateMonitor()
+    monitor.on_train_begin(off_policy_args(num_iterations=2), TrainerState(), TrainerControl())
+    assert monitor._expect and monitor._aggregate == 2
+    assert feed(monitor, clip_logs(values)) == []
+    # Judged log by log, the same healthy run would look like repeated sudden drops.
+    per_log = ClipRateMonitor(expect_nonzero=True, aggregate_logs=1)
+    assert "clip_rate_drop" in {a.rule for a in feed(per_log, clip_logs(values))}
+
+
+@pytest.mark.parametrize(
+    ("ga", "spg", "iterations", "use_vllm", "loss_type", "expect", "aggregate"),
+    [
+        (1, 1, 1, False, "dapo", False, 1),  # fully on-policy: 0 is legitimate
+        (4, 4, 1, False, "dapo", False, 1),  # TRL's default steps_per_generation = GA: on-policy
+        (4, 4, 1, True, "dapo", False, 1),  # vLLM: TRL's ratio is against the trainer's own old log-probs
+        (4, 4, 1, True, "ipo", True, 1),  # the IPO mask compares with the generator's log-probs
+        (1, 1, 2, False, "dapo", True, 2),
+        (2, 2, 2, False, "dapo", True, 2),
+        (1, 4, 1, False, "dapo", True, 4),
+        (2, 4, 1, False, "dapo", True, 2),
+    ],
+)
+def test_off_policy_and_generation_cycle_are_inferred_from_the_arguments(
+    ga, spg, iterations, use_vllm, loss_type, expect, aggregate
+):
+    monitor = ClipRateMonitor()
+    args = off_policy_args(
+        gradient_accumulation_steps=ga, steps_per_generation=spg, num_iterations=iterations, use_vllm=use_vllm
+    )
+    args.loss_type = loss_type
+    monitor.on_train_begin(args, TrainerState(), TrainerControl())
+    assert (monitor._expect, monitor._aggregate) == (expect, aggregate)
+
+
+def test_explicit_settings_override_the_inference():
+    monitor = ClipRateMonitor(expect_nonzero=False, aggregate_logs=3)
+    monitor.on_train_begin(off_policy_args(num_iterations=2), TrainerState(), TrainerControl())
+    assert (monitor._expect, monitor._aggregate) == (False, 3)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ClipRateMonitor rules
+
+IN_BAND = [0.05, 0.06, 0.04, 0.05, 0.055, 0.045, 0.05, 0.06]
+
+
+def test_clip_rate_high_fires_after_patience_and_names_the_mismatch_causes():
+    monitor = ClipRateMonitor(expect_nonzero=True, aggregate_logs=1, patience=3)
+    logs = [{"clip_ratio/region_mean": v, "learning_rate": 3e-5} for v in IN_BAND + [0.35, 0.4, 0.38, 0.41, 0.39]]
+    alerts = feed(monitor, logs)
+    assert fired(alerts) == [("clip_rate_high", 11)]
+    message = alerts[0].message
+    for cause in ("chat-template mismatch", "LoRA adapter not synced to vLLM", "bf16/fp32", "learning_rate=3e-05 too"):
+        assert cause in message
+    assert alerts[0].value == pytest.approx(0.38) and alerts[0].metric == "clip_ratio/region_mean"
+
+
+def test_clip_rate_high_needs_consecutive_observations():
+    monitor = ClipRateMonitor(expect_nonzero=True, aggregate_logs=1, patience=3)
+    assert feed(monitor, clip_logs(IN_BAND + [0.35, 0.35, 0.05, 0.35, 0.35, 0.05])) == []
+
+
+def test_clip_rate_low_fires_only_when_the_run_is_off_policy():
+    values = [0.05, 0.004, 0.003, 0.005, 0.004]  # too little history for the drop rule
+    off_policy = ClipRateMonitor(expect_nonzero=True, aggregate_logs=1)
+    alerts = feed(off_policy, clip_logs(values))
+    assert fired(alerts) == [("clip_rate_low", 4)]
+    assert "grad_norm" in alerts[0].message
+    on_policy = ClipRateMonitor(expect_nonzero=False, aggregate_logs=1)
+    assert feed(on_policy, clip_logs(values)) == []
+
+
+def test_clip_rate_stuck_at_zero_fires_off_policy_and_is_silent_on_policy():
+    zeros = [0.0] * 7
+    alerts = feed(ClipRateMonitor(expect_nonzero=True, aggregate_logs=1, stuck_patience=5), clip_logs(zeros))
+    assert fired(alerts) == [("clip_rate_stuck_zero", 5)]  # not also clip_rate_low: all-zero streaks are "stuck"
+    assert "off-policy" in alerts[0].message and "rollout_func" in alerts[0].message
+    assert feed(ClipRateMonitor(expect_nonzero=False, aggregate_logs=1), clip_logs(zeros * 10)) == []
+
+
+def test_clip_rate_sudden_drop_against_the_rolling_median():
+    monitor = ClipRateMonitor(expect_nonzero=False, aggregate_logs=1, drop_factor=0.25)
+    alerts = feed(monitor, clip_logs(IN_BAND + [0.011]))  # median 0.05 -> 0.011 < 0.0125
+    assert fired(alerts) == [("clip_rate_drop", 9)]
+    assert "template" in alerts[0].message and "adapter" in alerts[0].message
+    # 0.014 is above a quarter of the median: no alert.
+    assert feed(ClipRateMonitor(expect_nonzero=False, aggregate_logs=1), clip_logs(IN_BAND + [0.014])) == []
+
+
+def test_clip_rate_drop_needs_an_established_in_band_level():
+    low_level = [0.005, 0.006, 0.004, 0.005, 0.005, 0.006]
+    assert feed(ClipRateMonitor(expect_nonzero=False, aggregate_logs=1), clip_logs(low_level + [0.0])) == []
+    # ... and enough history
+    assert feed(ClipRateMonitor(expect_nonzero=False, aggregate_logs=1), clip_logs([0.05, 0.05, 0.001])) == []
+
+
+def test_clip_rate_jump_that_stays_fires_but_a_single_spike_does_not():
+    jump = ClipRateMonitor(expect_nonzero=True, aggregate_logs=1, jump_factor=3.0, jump_patience=3)
+    alerts = feed(jump, clip_logs(IN_BAND + [0.16, 0.17, 0.16, 0.18]))
+    assert fired(alerts) == [("clip_rate_jump", 11)]
+    assert "jumped from a rolling median of 5.00%" in alerts[0].message
+    spike = ClipRateMonitor(expect_nonzero=True, aggregate_logs=1)
+    assert feed(spike, clip_logs(IN_BAND + [0.19, 0.05, 0.05, 0.19, 0.05])) == []
+
+
+def test_clip_monitor_prefers_the_ipo_masked_ratio_and_keeps_its_choice():
+    monitor = ClipRateMonitor(expect_nonzero=True, aggregate_logs=1)
+    logs = [{"ipo/masked_ratio": 0.4, "clip_ratio/region_mean": 0.05} for _ in range(3)]
+    alerts = feed(monitor, logs)
+    assert fired(alerts) == [("clip_rate_high", 3)]
+    assert alerts[0].metric == "ipo/masked_ratio" and alerts[0].message.startswith("IPO masked ratio")
+
+
+def test_clip_monitor_aggregates_logs_into_observations():
+    monitor = ClipRateMonitor(expect_nonzero=True, aggregate_logs=2, patience=2)
+    # per log: 0.0, 0.6 -> observation 0.3 (too high); twice -> fires at the 4th log
+    alerts = feed(monitor, clip_logs([0.0, 0.6, 0.0, 0.6]))
+    assert fired(alerts) == [("clip_rate_high", 4)] and alerts[0].value == pytest.approx(0.3)
+
+
+def test_missing_none_nan_and_eval_keys_leave_the_rules_idle():
+    monitor = ClipRateMonitor(expect_nonzero=True, aggregate_logs=1, patience=2)
+    sequence = [
+        {"clip_ratio/region_mean": 0.5},
+        {"loss": 0.1},  # no metric: idle, the streak is kept
+        {"clip_ratio/region_mean": None},
+        {"clip_ratio/region_mean": float("nan")},
+        {"eval_clip_ratio/region_mean": 0.9},  # eval logs are not watched
+        {"train_runtime": 12.0},
+        {"clip_ratio/region_mean": 0.5},
+    ]
+    assert fired(feed(monitor, sequence)) == [("clip_rate_high", 7)]
+    entropy, reward = EntropyMonitor(), RewardMonitor()
+    assert feed(entropy, sequence) == [] and feed(reward, sequence) == []
+    assert entropy.monitor_state["series"] == {} and reward.monitor_state["series"] == {}
+
+
+def test_an_alert_fires_once_per_episode_and_rearms_after_clearing():
+    monitor = ClipRateMonitor(expect_nonzero=True, aggregate_logs=1, patience=1, rearm_after=2, min_history=10)
+    values = [0.3, 0.3, 0.3, 0.05, 0.3, 0.05, 0.05, 0.3]
+    assert fired(feed(monitor, clip_logs(values))) == [("clip_rate_high", 1), ("clip_rate_high", 8)]
+    assert monitor.alert_counts["clip_rate_high"] == 2
+
+
+def test_start_step_silences_rules_but_keeps_their_streaks():
+    monitor = ClipRateMonitor(expect_nonzero=True, aggregate_logs=1, patience=2, start_step=5)
+    assert fired(feed(monitor, clip_logs([0.3] * 6))) == [("clip_rate_high", 5)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# EntropyMonitor rules
+
+
+def test_entropy_collapse_below_the_floor():
+    monitor = EntropyMonitor(entropy_floor=0.03, floor_patience=2, max_drop=None)
+    alerts = feed(monitor, [{"entropy": e, "learning_rate": 0.05} for e in [0.5, 0.4, 0.02, 0.01, 0.01]])
+    assert fired(alerts) == [("entropy_collapse", 4)]
+    message = alerts[0].message
+    assert "below the floor 0.03 for 2 logs" in message
+    assert "learning rate too high (learning_rate=0.05)" in message
+    assert "cold-start SFT on the full RL dataset" in message
+
+
+def test_entropy_collapse_relative_to_its_early_level():
+    entropies = [0.8, 0.82, 0.79, 0.81, 0.8, 0.6, 0.3, 0.1, 0.07, 0.06, 0.06]
+    monitor = EntropyMonitor(entropy_floor=None, max_drop=0.9, baseline_logs=5, smoothing=3)
+    alerts = feed(monitor, [{"entropy": e} for e in entropies])
+    # smoothed = median of the last 3; the limit is 0.08 (10 % of 0.8): reached at the 10th log (median 0.07)
+    assert fired(alerts) == [("entropy_collapse", 10)]
+    assert alerts[0].value == pytest.approx(0.07)
+    assert "91% below its early level 0.8" in alerts[0].message
+    assert monitor.entropy_baseline == pytest.approx(0.8)
+
+
+def test_a_slow_healthy_entropy_decline_does_not_fire():
+    entropies = [0.8 * (1 - 0.8 * t / 500) for t in range(500)]  # -80 % over the run, no collapse
+    assert feed(EntropyMonitor(), [{"entropy": e} for e in entropies]) == []
+
+
+def test_kl_spike_relative_to_its_rolling_median():
+    kls = [0.02, 0.021, 0.019, 0.02, 0.022, 0.02, 0.15]
+    alerts = feed(EntropyMonitor(kl_spike_factor=5.0, kl_max=None), [{"kl": k} for k in kls])
+    assert fired(alerts) == [("kl_spike", 7)]
+    assert "7.5x its rolling median 0.02" in alerts[0].message and "raise beta" in alerts[0].message
+
+
+def test_kl_spike_absolute_threshold():
+    alerts = feed(EntropyMonitor(kl_max=0.5, kl_spike_factor=None), [{"kl": k} for k in [0.1, 0.2, 0.6]])
+    assert fired(alerts) == [("kl_spike", 3)] and "above kl_max=0.5" in alerts[0].message
+
+
+def test_kl_growing_from_zero_is_not_a_spike():
+    kls = [1e-5, 2e-5, 1e-5, 2e-5, 1e-5, 4e-3, 8e-3, 9e-3]  # 400x the median but below kl_spike_min
+    assert feed(EntropyMonitor(), [{"kl": k} for k in kls]) == []
+
+
+def test_kl_hovering_around_the_threshold_fires_once():
+    kls = [1.1, 0.9, 1.2, 0.95, 1.1, 0.9, 1.3]
+    alerts = feed(EntropyMonitor(kl_max=1.0, kl_spike_factor=None, rearm_after=3), [{"kl": k} for k in kls])
+    assert fired(alerts) == [("kl_spike", 1)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# RewardMonitor rules
+
+
+def test_reward_collapse_after_a_rise():
+    rewards = [0.1] * 5 + [0.3, 0.5, 0.7, 0.7, 0.7, 0.7, 0.7] + [0.1] * 8
+    monitor = RewardMonitor(smoothing=5, min_rise=0.1, max_drop=0.5, collapse_patience=3)
+    alerts = feed(monitor, [{"reward": r} for r in rewards])
+    assert [a.rule for a in alerts] == ["reward_collapse"]
+    # smoothed: peak 0.7 (low 0.1), threshold 0.4; 0.58, 0.46 at logs 13-14, below from log 15 (0.34): 3 logs -> 17
+    assert alerts[0].step == 17
+    assert "rose from 0.1 to 0.7" in alerts[0].message and "entropy collapse" in alerts[0].message
+
+
+def test_reward_collapse_ignores_a_dip_within_the_noise():
+    def noisy(level, n, offset):
+        return [level + 0.05 * (-1) ** (t + offset) for t in range(n)]
+
+    # rise 0.2 -> 0.4 and dip to 0.25: 75 % of the gain lost, but only ~3 standard errors of the smoothed reward
+    rewards = noisy(0.2, 10, 0) + noisy(0.4, 10, 0) + noisy(0.25, 10, 0)
+    assert feed(RewardMonitor(), [{"reward": r} for r in rewards]) == []
+    without_guard = RewardMonitor(min_drop_sigmas=0.0)
+    assert [a.rule for a in feed(without_guard, [{"reward": r} for r in rewards])] == ["reward_collapse"]
+
+
+def test_reward_that_never_rose_cannot_collapse():
+    rewards = [0.3] * 10 + [0.05] * 10
+    assert feed(RewardMonitor(), [{"reward": r} for r in rewards]) == []
+
+
+def test_reward_no_signal():
+    logs = [{"frac_reward_zero_std": f} for f in [0.5, 0.95, 0.97, 1.0, 0.92, 0.99, 1.0]]
+    alerts = feed(RewardMonitor(zero_std_patience=5), logs)
+    assert fired(alerts) == [("reward_no_signal", 6)]
+    assert "advantages are 0" in alerts[0].message and "num_generations" in alerts[0].message
+
+
+def test_judge_failures_only_when_judge_credit_logs_them():
+    logs = [{"judge/failure_ratio": f} for f in [0.05, 0.3, 0.5, 0.6]]
+    alerts = feed(RewardMonitor(judge_failure_max=0.2, judge_patience=2), logs)
+    assert fired(alerts) == [("judge_failure", 3)] and "timeout" in alerts[0].message
+    assert feed(RewardMonitor(), [{"reward": 0.5}] * 20) == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Configuration errors
+
+
+@pytest.mark.parametrize(
+    ("factory", "error", "pattern"),
+    [
+        (lambda: ClipRateMonitor(healthy_min=-0.1), ValueError, r"healthy_min=-0\.1 must be >= 0\.0"),
+        (lambda: ClipRateMonitor(healthy_min=0.3, healthy_max=0.2), ValueError, r"healthy_min=0\.3 must be below"),
+        (lambda: ClipRateMonitor(healthy_max=1.5), ValueError, r"healthy_max=1\.5 .*pass e\.g\. healthy_max=0\.2"),
+        (lambda: ClipRateMonitor(patience=0), ValueError, r"patience=0 must be >= 1"),
+        (lambda: ClipRateMonitor(patience=2.5), TypeError, r"patience=2\.5 must be an int"),
+        (lambda: ClipRateMonitor(drop_factor=1.0), ValueError, r"drop_factor=1\.0 must be > 0\.0 and < 1\.0"),
+        (lambda: ClipRateMonitor(jump_factor=1.0), ValueError, r"jump_factor=1\.0 must be > 1\.0"),
+        (lambda: ClipRateMonitor(window=3, min_history=5), ValueError, r"min_history=5 cannot exceed window=3"),
+        (lambda: ClipRateMonitor(expect_nonzero="yes"), TypeError, r"expect_nonzero='yes'"),
+        (lambda: ClipRateMonitor(aggregate_logs=0), ValueError, r"aggregate_logs=0 must be >= 1"),
+        (lambda: EntropyMonitor(entropy_floor=float("nan")), TypeError, r"entropy_floor=nan must be a finite"),
+        (lambda: EntropyMonitor(max_drop=1.2), ValueError, r"max_drop=1\.2 .*or None to disable"),
+        (lambda: EntropyMonitor(kl_spike_factor=0.5), ValueError, r"kl_spike_factor=0\.5 must be > 1\.0"),
+        (lambda: EntropyMonitor(kl_max=0), ValueError, r"kl_max=0 must be > 0\.0"),
+        (lambda: RewardMonitor(min_rise=0), ValueError, r"min_rise=0 must be > 0\.0"),
+        (lambda: RewardMonitor(zero_std_max=1.1), ValueError, r"zero_std_max=1\.1 must be"),
+        (lambda: RewardMonitor(smoothing=True), TypeError, r"smoothing=True must be an int"),
+        (lambda: RewardMonitor(action="halt"), ValueError, r"action='halt' is not an action; use one of"),
+        (lambda: EntropyMonitor(actions={"reward_collapse": "stop"}), ValueError, r"unknown rule 'reward_collapse'"),
+        (lambda: EntropyMonitor(actions={"kl_spike": "pause"}), ValueError, r"actions\['kl_spike'\]='pause'"),
+        (lambda: EntropyMonitor(start_step=-1), ValueError, r"start_step=-1 must be >= 0"),
+        (lambda: default_monitors(action="panic"), ValueError, r"default_monitors: action='panic'"),
+    ],
+)
+def test_invalid_settings_name_the_value_and_the_fix(factory, error, pattern):
+    with pytest.raises(error, match=pattern):
+        factory()
+
+
+def test_default_monitors_recommended_set():
+    clip, entropy, reward = default_monitors()
+    assert (type(clip), type(entropy), type(reward)) == (ClipRateMonitor, EntropyMonitor, RewardMonitor)
+    assert entropy.actions == {"entropy_collapse": "stop"} and reward.actions == {"reward_collapse": "stop"}
+    assert {m.action for m in default_monitors()} == {"warn"}
+    relaxed = default_monitors(action="checkpoint", stop_on_collapse=False)
+    assert {m.actions.get(rule, m.action) for m in relaxed for rule in m.rules} == {"checkpoint"}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Callback plumbing: actions, logs, ranks, state
+
+
+def run_callbacks(monitor, sequence, *, main_process=True, args=None):
+    """Drive ``monitor`` like the Trainer does; return (controls per log, state, logs as seen by the callbacks)."""
+    args = args or off_policy_args()
+    state, control = TrainerState(is_world_process_zero=main_process), TrainerControl()
+    monitor.on_train_begin(args, state, control)
+    controls, seen = [], []
+    for step, logs in enumerate(sequence, start=1):
+        state.global_step = step
+        logs = dict(logs)
+        state.log_history.append({**logs, "step": step})
+        control = TrainerControl()
+        control = monitor.on_log(args, state, control, logs=logs)
+        controls.append((control.should_save, control.should_training_stop))
+        seen.append(logs)
+    return controls, state, seen
+
+
+@pytest.mark.parametrize(
+    ("action", "expected"), [("warn", (False, False)), ("checkpoint", (True, False)), ("stop", (False, True))]
+)
+def test_actions_set_the_trainer_control(action, expected, caplog):
+    monitor = EntropyMonitor(entropy_floor=0.1, floor_patience=1, actions={"entropy_collapse": action})
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        controls, state, seen = run_callbacks(monitor, [{"entropy": 1.0}, {"entropy": 0.05}, {"entropy": 0.04}])
+    assert controls == [(False, False), expected, (False, False)]
+    assert "monitor/alerts/entropy_collapse" in seen[1] and "monitor/alerts/entropy_collapse" not in seen[2]
+    assert state.log_history[1]["monitor/alerts/entropy_collapse"] == 1.0  # reaches trainer_state.json
+    records = [r for r in caplog.records if r.name == LOGGER]
+    assert len(records) == 1 and records[0].levelno == logging.WARNING
+    text = records[0].getMessage()
+    assert text.startswith("[trl-ext monitor] step 2, entropy_collapse: Entropy collapse")
+    assert ("Stopping training" in text) == (action == "stop")
+    assert ("Saving a checkpoint" in text) == (action == "checkpoint")
+
+
+def test_only_the_main_process_speaks_but_every_rank_decides_the_same(caplog):
+    sequence = [{"entropy": 1.0}] * 5 + [{"entropy": 0.01}] * 3
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        main_controls, _, main_logs = run_callbacks(EntropyMonitor(action="stop"), sequence, main_process=True)
+        n_main = len([r for r in caplog.records if r.name == LOGGER])
+        other_controls, _, other_logs = run_callbacks(EntropyMonitor(action="stop"), sequence, main_process=False)
+        n_other = len([r for r in caplog.records if r.name == LOGGER]) - n_main
+    assert main_controls == other_controls and (False, True) in main_controls
+    assert main_logs == other_logs
+    assert n_main >= 1 and n_other == 0
+
+
+def test_state_is_json_and_round_trips_through_transformers_restore():
+    sequence = healthy_logs(n=40, seed=3)
+    for values in ([0.4] * 4, [0.0] * 6):
+        sequence += [{"clip_ratio/region_mean": v, "entropy": 0.01, "kl": 3.0, "reward": 0.0} for v in values]
+    original = [ClipRateMonitor(expect_nonzero=True, aggregate_logs=2), EntropyMonitor(), RewardMonitor()]
+    head, tail = sequence[:43], sequence[43:]
+    for monitor in original:
+        feed(monitor, head)
+    for monitor in original:
+        saved = json.loads(json.dumps(monitor.state()))  # what trainer_state.json holds
+        # transformers' Trainer._load_callback_state: new instance from "args", then setattr each attribute
+        restored = type(monitor)(**saved["args"])
+        for name, value in saved["attributes"].items():
+            setattr(restored, name, value)
+        assert restored.monitor_state == monitor.monitor_state
+        assert fired(feed(restored, tail, start=44)) == fired(feed(monitor, tail, start=44))
+
+
+def test_on_train_begin_restores_the_checkpoint_entry_and_resets_a_fresh_run():
+    monitor = EntropyMonitor(entropy_floor=0.1, floor_patience=1)
+    feed(monitor, [{"entropy": 1.0}, {"entropy": 0.9}, {"entropy": 0.05}])
+    saved = json.loads(json.dumps(monitor.state()))
+    other_config = EntropyMonitor(entropy_floor=0.2).state()
+    # As loaded from a checkpoint: global_step > 0, a list because of two EntropyMonitor instances.
+    resumed = TrainerState(global_step=3, stateful_callbacks={"EntropyMonitor": [other_config, saved]})
+    fresh = EntropyMonitor(entropy_floor=0.1, floor_patience=1)
+    fresh.on_train_begin(off_policy_args(), resumed, TrainerControl())
+    assert fresh.monitor_state == saved["attributes"]["monitor_state"]
+    assert fresh.alert_counts["entropy_collapse"] == 1 and fresh.monitor_state["series"]["entropy"] == [1.0, 0.9, 0.05]
+    # A single saved entry is restored even when a threshold changed for the resumed run.
+    single = TrainerState(global_step=3, stateful_callbacks={"EntropyMonitor": saved})
+    stricter = EntropyMonitor(entropy_floor=0.2, floor_patience=1)
+    stricter.on_train_begin(off_policy_args(), single, TrainerControl())
+    assert stricter.monitor_state == saved["attributes"]["monitor_state"]
+    # Nothing saved for this monitor (added at resume): it starts fresh.
+    newcomer = RewardMonitor()
+    newcomer.on_train_begin(off_policy_args(), single, TrainerControl())
+    assert newcomer.monitor_state["last_step"] == -1
+    # A new run (global step 0) forgets everything.
+    fresh.on_train_begin(off_policy_args(), TrainerState(), TrainerControl())
+    assert fresh.alert_counts["entropy_collapse"] == 0 and fresh.monitor_state["series"] == {}
+
+
+def test_add_monitors_puts_them_before_the_reporting_callbacks():
+    class Reporter(TrainerCallback):  # stands for WandbCallback / TrackioCallback / TensorBoardCallback
+        def __init__(self):
+            self.logged = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self.logged.append(dict(logs))
+
+    reporter = Reporter()
+    late = EntropyMonitor(entropy_floor=0.1, floor_patience=1)
+    # Trainer order: DefaultFlowCallback, integrations, then the callbacks= the user passed.
+    handler = CallbackHandler([DefaultFlowCallback(), reporter, late], None, None, None, None)
+    trainer = SimpleNamespace(callback_handler=handler)
+    assert add_monitors(trainer) == [late]
+    assert [type(cb) for cb in handler.callbacks] == [DefaultFlowCallback, EntropyMonitor, Reporter]
+    args, state, control = off_policy_args(), TrainerState(), TrainerControl()
+    handler.on_train_begin(args, state, control)
+    for step, entropy in enumerate([1.0, 0.05], start=1):
+        state.global_step = step
+        handler.on_log(args, state, control, logs={"entropy": entropy})
+    assert reporter.logged[-1]["monitor/alerts/entropy_collapse"] == 1.0
+
+    with_defaults = SimpleNamespace(callback_handler=CallbackHandler([DefaultFlowCallback()], None, None, None, None))
+    added = add_monitors(with_defaults)
+    assert [type(m) for m in added] == [ClipRateMonitor, EntropyMonitor, RewardMonitor]
+    assert with_defaults.callback_handler.callbacks[1:] == added
+    with pytest.raises(TypeError, match="is not a trl-ext monitor"):
+        add_monitors(with_defaults, [Reporter()])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Real GRPO runs on the offline tiny model
+
+REPETITION_REWARD_DOC = "1 - distinct tokens / tokens: rewards repeating one token, so a high lr collapses entropy"
+
+
+def repetition_reward(completions, completion_ids=None, **kwargs):
+    return [1.0 - len(set(ids)) / max(1, len(ids)) for ids in completion_ids]
+
+
+def grpo_run(output_dir, *, learning_rate, max_steps, monitors=(), seed=0, resume=None, extra_callbacks=(), **config):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_ext.testing import build_tiny_model_and_tokenizer
+
+    model, tokenizer = build_tiny_model_and_tokenizer(seed=seed)
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"What is {i} + 3?"}] for i in range(16)]})
+    settings = dict(
+        output_dir=str(output_dir),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        disable_tqdm=True,
+        learning_rate=learning_rate,
+        lr_scheduler_type="constant",
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=12,
+        max_steps=max_steps,
+        logging_steps=1,
+        save_strategy="no",
+        beta=0.0,
+        seed=seed,
+    )
+    settings.update(config)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=repetition_reward,
+        args=GRPOConfig(**settings),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=list(extra_callbacks),
+    )
+    add_monitors(trainer, list(monitors))
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer
+
+
+class Recorder(TrainerCallback):
+    """Placed where the reporting integrations sit; records the logs they would send."""
+
+    def __init__(self):
+        self.logs = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append(dict(logs))
+
+
+def test_too_high_learning_rate_collapses_entropy_and_the_monitor_stops_the_run(tmp_path, caplog):
+    recorder = Recorder()
+    monitors = default_monitors()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        trainer = grpo_run(tmp_path, learning_rate=0.05, max_steps=40, monitors=monitors, extra_callbacks=[recorder])
+    stopped_at = trainer.state.global_step
+    assert 5 < stopped_at < 40
+    entropy_monitor = monitors[1]
+    assert entropy_monitor.alert_counts["entropy_collapse"] == 1
+    assert entropy_monitor.alerts[-1] == {
+        "rule": "entropy_collapse",
+        "step": stopped_at,
+        "value": entropy_monitor.alerts[-1]["value"],
+        "action": "stop",
+    }
+    # The entropy really collapsed: far below its early level at the stop.
+    entropies = [h["entropy"] for h in trainer.state.log_history if "entropy" in h]
+    assert entropies[-1] < 0.1 * entropies[0]
+    # It says why, once.
+    messages = [r.getMessage() for r in caplog.records if r.name == LOGGER and "entropy_collapse" in r.getMessage()]
+    assert len(messages) == 1
+    assert f"step {stopped_at}, entropy_collapse: Entropy collapse" in messages[0]
+    assert "learning rate too high (learning_rate=0.05)" in messages[0]
+    assert "Stopping training (action='stop')" in messages[0]
+    # The alert is in the logs the loggers receive, and in trainer_state.json (written on the stop).
+    assert recorder.logs[stopped_at - 1]["monitor/alerts/entropy_collapse"] == 1.0
+    written = json.loads((tmp_path / "trainer_state.json").read_text())
+    assert written["global_step"] == stopped_at
+    assert any(h.get("monitor/alerts/entropy_collapse") == 1.0 for h in written["log_history"])
+
+
+def test_a_sane_learning_rate_runs_to_the_end_without_collapse(tmp_path):
+    monitors = default_monitors()
+    trainer = grpo_run(tmp_path, learning_rate=0.005, max_steps=16, monitors=monitors)
+    assert trainer.state.global_step == 16
+    assert monitors[1].alert_counts["entropy_collapse"] == 0 and monitors[2].alert_counts["reward_collapse"] == 0
+    assert not (tmp_path / "trainer_state.json").exists()
+
+
+def test_checkpoint_action_saves_at_the_alert_and_training_goes_on(tmp_path):
+    monitor = EntropyMonitor(action="checkpoint")
+    trainer = grpo_run(tmp_path, learning_rate=0.2, max_steps=10, monitors=[monitor])
+    assert trainer.state.global_step == 10
+    (alert,) = monitor.alerts
+    assert alert["rule"] == "entropy_collapse" and alert["action"] == "checkpoint"
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [f"checkpoint-{alert['step']}"]
+
+
+def test_grpo_config_off_policy_inference():
+    from trl import GRPOConfig
+
+    monitor = ClipRateMonitor()
+    args = GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, num_iterations=2, logging_steps=1)
+    monitor.on_train_begin(args, TrainerState(), TrainerControl())
+    assert (monitor._expect, monitor._aggregate) == (True, 2)
+    # Logging every 10 steps already averages over 5 generation cycles.
+    args = GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, num_iterations=2, logging_steps=10)
+    monitor.on_train_begin(args, TrainerState(), TrainerControl())
+    assert (monitor._expect, monitor._aggregate) == (True, 1)
+    monitor.on_train_begin(GRPOConfig(output_dir="unused", use_cpu=True, bf16=False), TrainerState(), TrainerControl())
+    assert (monitor._expect, monitor._aggregate) == (False, 1)
+
+
+def test_resume_from_a_checkpoint_restores_the_monitor_state(tmp_path):
+    settings = dict(learning_rate=0.2, max_steps=9, save_strategy="steps", save_steps=3)
+    first = [ClipRateMonitor(), EntropyMonitor(), RewardMonitor()]
+    full = grpo_run(tmp_path, monitors=first, **settings)
+    assert full.state.global_step == 9
+    collapse_step = first[1].alerts[0]["step"]
+    assert first[1].alerts[0]["rule"] == "entropy_collapse" and collapse_step <= 6  # in the checkpoint's state
+
+    class Probe(TrainerCallback):  # snapshots the monitors right after they restored themselves
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.snapshot = [json.loads(json.dumps(m.monitor_state)) for m in second]
+
+    second = [ClipRateMonitor(), EntropyMonitor(), RewardMonitor()]
+    probe = Probe()
+    checkpoint = tmp_path / "checkpoint-6"
+    resumed = grpo_run(
+        tmp_path / "resumed", monitors=second, resume=str(checkpoint), extra_callbacks=[probe], **settings
+    )
+    assert resumed.state.global_step == 9
+
+    saved = json.loads((checkpoint / "trainer_state.json").read_text())["stateful_callbacks"]
+    for monitor, snapshot in zip(second, probe.snapshot):
+        assert snapshot == saved[type(monitor).__name__]["attributes"]["monitor_state"]
+        assert snapshot["last_step"] == 6
+    # The rolling windows are those of the logs up to step 6: replay them through a fresh monitor.
+    replay = EntropyMonitor()
+    feed(replay, [h for h in json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]])
+    assert probe.snapshot[1]["series"] == replay.monitor_state["series"]
+    assert probe.snapshot[1]["entropy_baseline"] == replay.monitor_state["entropy_baseline"]
+    # The alert fired before the checkpoint is remembered: counted once, not raised again after the resume.
+    assert probe.snapshot[1]["alert_counts"]["entropy_collapse"] == 1
+    assert second[1].alert_counts["entropy_collapse"] == 1 and second[1].alerts[0]["step"] == collapse_step
+
+
+DDP_SCRIPT = textwrap.dedent(
+    """
+    import json, logging, sys
+    sys.path.insert(0, sys.argv[2])
+    logging.basicConfig(level=logging.WARNING, format="%(name)s|%(message)s")
+    import test_monitors as t
+    from trl_ext.callbacks import default_monitors
+    monitors = default_monitors()
+    trainer = t.grpo_run(sys.argv[1], learning_rate=0.05, max_steps=40, monitors=monitors, per_device_train_batch_size=4)
+    out = {"step": trainer.state.global_step, "counts": [m.alert_counts for m in monitors]}
+    with open(f"{sys.argv[1]}/rank{trainer.args.process_index}.json", "w") as f:
+        json.dump(out, f)
+    """
+)
+
+
+@pytest.mark.slow
+def test_two_ranks_stop_at_the_same_step_and_only_rank_zero_speaks(tmp_path):
+    script = tmp_path / "ddp_run.py"
+    script.write_text(DDP_SCRIPT)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script), str(tmp_path)]
+    result = subprocess.run(
+        command + [str(Path(__file__).parent)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert rank0 == rank1
+    assert rank0["step"] < 40 and rank0["counts"][1]["entropy_collapse"] == 1
+    output = result.stdout + result.stderr
+    assert output.count("entropy_collapse: Entropy collapse") == 1
