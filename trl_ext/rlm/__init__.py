@@ -1,0 +1,58 @@
+"""Recursive Language Model (RLM) rollouts (SPEC §1.1-1.3): sandboxed REPL, scaffold, batched engine, trees.
+
+Modules, in the order data flows through them:
+
+- `repl`: `PythonREPL`, one sandboxed persistent interpreter per rollout (security boundary; `sandbox` holds
+  the operating-system side: private uid, rlimits, environment, namespaces).
+- `prompts`, `scaffold`: the templates and the pure functions of one turn (`RLMScaffoldConfig`, parsing of
+  ```` ```repl ```` blocks and ``FINAL``/``FINAL_VAR`` lines, prompt rebuilding, output truncation).
+- `generators`: the `Generator` protocol (prompt ids in, completion ids + sampling log-probs out) and its
+  transformers / colocated vLLM / vLLM server / scripted implementations.
+- `engine`: `RLMEngine`, which runs many trees concurrently and batches every pending generation of every live
+  rollout into one generator call per wave.
+- `tree`: `RolloutTree` (nodes, turns with exact prompt ids, action ids and log-probs), `subtree_weights`.
+
+For a trainer: ``trees = RLMEngine(generator, tokenizer, config).run(tasks)``, then per tree
+``tree.final_answer`` (reward input), ``tree.turn_samples()`` (one sample per turn of every node, with the node's
+1/k weight) and ``tree.weights()`` / `subtree_weights`.
+"""
+
+from .engine import EngineStats, GeneratorError, RLMEngine, RLMTask, critical_path_generations
+from .generators import (
+    Completion,
+    Generator,
+    ScriptedGenerator,
+    TransformersGenerator,
+    VLLMColocateGenerator,
+    VLLMServerGenerator,
+)
+from .repl import PythonREPL, QueryRefused, QueryRequest, ReplResult
+from .sandbox import SandboxError
+from .scaffold import RLMScaffoldConfig
+from .tree import LLMCall, RolloutNode, RolloutTree, Turn, TurnSample, subtree_weights
+
+__all__ = [
+    "Completion",
+    "EngineStats",
+    "Generator",
+    "GeneratorError",
+    "LLMCall",
+    "PythonREPL",
+    "QueryRefused",
+    "QueryRequest",
+    "ReplResult",
+    "RLMEngine",
+    "RLMScaffoldConfig",
+    "RLMTask",
+    "RolloutNode",
+    "RolloutTree",
+    "SandboxError",
+    "ScriptedGenerator",
+    "TransformersGenerator",
+    "Turn",
+    "TurnSample",
+    "VLLMColocateGenerator",
+    "VLLMServerGenerator",
+    "critical_path_generations",
+    "subtree_weights",
+]

@@ -1,0 +1,647 @@
+"""The batched asynchronous rollout engine: many RLM trees sampled from one policy at once (SPEC §1.1-1.2).
+
+```python
+from trl_ext.rlm import RLMEngine, RLMScaffoldConfig, RLMTask, TransformersGenerator
+
+engine = RLMEngine(TransformersGenerator(model, tokenizer), tokenizer, RLMScaffoldConfig(max_depth=1))
+trees = engine.run([RLMTask(prompt="How many 'x' are there?", context=text)] * 8)
+for tree in trees:
+    tree.final_answer, tree.turn_samples(), tree.weights()   # see trl_ext.rlm.tree
+engine.stats                                                 # EngineStats of the last run
+```
+
+How it runs. Every node (root or child) is an asyncio task running `RLMEngine._run_node`, the scaffold loop:
+rebuild the prompt, ask for one action, run its code in the node's REPL, check for a final answer, repeat.
+Asking for an action, an ``llm_query`` completion or a child's action all go through one `_Scheduler`, which
+sends **every pending request of every live node to the generator in one batched call** as soon as no node
+is *busy* (or the batch reaches ``max_batch_size``, or the oldest request has waited ``max_batch_wait_s``). A node is busy while it does something that may lead to
+a request: rendering a prompt, running a REPL cell, starting. It is idle while it waits for a generation or
+for its children. So the number of generator calls follows the depth of the dependency chain (the waves),
+not the number of rollouts: 64 roots whose children all start in the same wave share one call per wave.
+
+REPL cells of a wave run in parallel: each node has its own interpreter process and the engine waits on all
+their pipes at once from the event loop; starting and closing REPLs runs on a thread pool, overlapping
+generation. The generator runs on its own thread, one call at a time.
+
+Failures are contained and recorded, never raised: a REPL that times out, crashes or cannot start, code that
+raises, an action without code or answer — each ends up in the tree (`Turn.repl_result`, `Turn.observation`,
+`RolloutNode.end_reason == "error"` with `RolloutNode.error`) and in `EngineStats`. Only a failing *generator*
+(a systemic fault, e.g. out of GPU memory) aborts the run: every REPL is closed and `GeneratorError` raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from .generators import Completion, Generator
+from .repl import PythonREPL, QueryRefused, QueryRequest
+from .sandbox import isolation_command
+from .scaffold import (
+    RLMScaffoldConfig,
+    build_system_prompt,
+    build_turn_messages,
+    describe_context,
+    find_code_block,
+    find_final_answer,
+    format_observation,
+)
+from .tree import LLMCall, RolloutNode, RolloutTree, Turn, preorder
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["EngineStats", "GeneratorError", "RLMEngine", "RLMTask", "critical_path_generations"]
+
+
+@dataclass(frozen=True)
+class RLMTask:
+    """One root rollout to run.
+
+    Attributes:
+        prompt: the task (question/instruction), restated to the model every turn.
+        context: the REPL's ``context`` variable (str, list or dict); None means the prompt itself.
+    """
+
+    prompt: str
+    context: Any = None
+
+
+class GeneratorError(RuntimeError):
+    """The generator raised or returned something unusable; the run is aborted."""
+
+
+@dataclass
+class EngineStats:
+    """Counters of one `RLMEngine.run`.
+
+    Attributes:
+        generator_calls: batched calls made to the generator; `batch_sizes` has the size of each.
+        sequences: completions generated (actions and ``llm_query`` completions).
+        nodes, turns: rollout nodes (roots and children) and their turns.
+        children: child nodes started; degraded_rlm_queries: ``rlm_query`` prompts answered by a plain completion
+            (depth or budget limit); refused_queries: query calls refused (too many prompts, prompt too long).
+        llm_queries: plain completions requested by code (degraded ``rlm_query`` prompts included).
+        repl_cells: cells run; repl_errors: cells that raised; repl_timeouts: cells killed at the time limit;
+            repl_crashes: cells whose interpreter died; repl_restarts: cells run in a restarted interpreter.
+        malformed_actions: actions with neither a ```repl block nor a usable FINAL line.
+        final_answers, max_turns, prompt_too_long, node_errors: how the nodes ended.
+        wall_time_s: the whole run; generator_time_s: time inside generator calls.
+    """
+
+    generator_calls: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+    sequences: int = 0
+    nodes: int = 0
+    turns: int = 0
+    children: int = 0
+    degraded_rlm_queries: int = 0
+    refused_queries: int = 0
+    llm_queries: int = 0
+    repl_cells: int = 0
+    repl_errors: int = 0
+    repl_timeouts: int = 0
+    repl_crashes: int = 0
+    repl_restarts: int = 0
+    malformed_actions: int = 0
+    final_answers: int = 0
+    max_turns: int = 0
+    prompt_too_long: int = 0
+    node_errors: int = 0
+    wall_time_s: float = 0.0
+    generator_time_s: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------- scheduling
+class _Join:
+    """Completes when all of its `size` parts are set; hands the waiter a busy token as it wakes it."""
+
+    def __init__(self, scheduler: _Scheduler, size: int) -> None:
+        self.scheduler = scheduler
+        self.results: list[Any] = [None] * size
+        self.remaining = size
+        self.future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        if size == 0:
+            self._wake(None)
+
+    def _wake(self, error: BaseException | None) -> None:
+        if self.future.done():
+            return
+        self.scheduler.busy += 1  # taken for the waiter *before* anyone can see the scheduler idle
+        if error is None:
+            self.future.set_result(self.results)
+        else:
+            self.future.set_exception(error)
+
+    def set(self, index: int, value: Any) -> None:
+        self.results[index] = value
+        self.remaining -= 1
+        if self.remaining == 0:
+            self._wake(None)
+
+    def fail(self, error: BaseException) -> None:
+        self._wake(error)
+
+
+class _Scheduler:
+    """Batches generation requests: one generator call whenever no node is busy, or when a batch is full.
+
+    Busy tokens: a node holds one from its start to its end, except while it waits (`wait`); whoever completes
+    what it waits for gives it a token back before it can run (`_Join._wake`). So ``busy == 0`` means every
+    live node waits for a generation or for children that all wait for generations: the pending requests are
+    all the requests this wave will get.
+    """
+
+    def __init__(
+        self, generator: Generator, max_batch_size: int | None, max_batch_wait_s: float | None, stats: EngineStats
+    ) -> None:
+        self.generator = generator
+        self.max_batch_size = max_batch_size
+        self.max_batch_wait_s = max_batch_wait_s
+        self.stats = stats
+        self.busy = 0
+        self.pending: list[tuple[list[int], _Join, int]] = []
+        self._oldest_pending = 0.0  # loop time at which the oldest pending request arrived
+        self._timer: asyncio.TimerHandle | None = None
+        self.in_flight = False
+        self.failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlm-generator")
+        self._calls: set[asyncio.Task[None]] = set()
+
+    def shutdown(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._executor.shutdown(wait=False)
+
+    def acquire(self, count: int = 1) -> None:
+        self.busy += count
+
+    def release(self) -> None:
+        self.busy -= 1
+        self._maybe_flush()
+
+    def submit(self, prompt_ids: list[int], join: _Join, index: int) -> None:
+        """Queue one generation whose completion becomes part `index` of `join`."""
+        if self.failure.done():
+            raise self.failure.exception()  # type: ignore[misc]
+        if not self.pending:
+            self._start_waiting()
+        self.pending.append((prompt_ids, join, index))
+        self._maybe_flush()
+
+    def _start_waiting(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._oldest_pending = loop.time()
+        if self.max_batch_wait_s is not None:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = loop.call_later(self.max_batch_wait_s, self._maybe_flush)
+
+    async def wait(self, join: _Join) -> list[Any]:
+        """Give up the caller's busy token until `join` completes (it comes back with the results)."""
+        self.release()
+        return await join.future
+
+    async def generate(self, prompts: Sequence[list[int]]) -> list[Completion]:
+        join = _Join(self, len(prompts))
+        for index, prompt_ids in enumerate(prompts):
+            self.submit(prompt_ids, join, index)
+        return await self.wait(join)
+
+    def _maybe_flush(self) -> None:
+        if self.in_flight or not self.pending or self.failure.done():
+            return
+        full = self.max_batch_size is not None and len(self.pending) >= self.max_batch_size
+        overdue = (
+            self.max_batch_wait_s is not None
+            and asyncio.get_running_loop().time() - self._oldest_pending >= self.max_batch_wait_s
+        )
+        if self.busy > 0 and not full and not overdue:
+            return
+        size = self.max_batch_size or len(self.pending)
+        batch, self.pending = self.pending[:size], self.pending[size:]
+        if self.pending:  # the rest of an oversized wave: it has waited already, so it goes next
+            self._start_waiting()
+        self.in_flight = True
+        task = asyncio.get_running_loop().create_task(self._call(batch))
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+
+    async def _call(self, batch: list[tuple[list[int], _Join, int]]) -> None:
+        started = time.perf_counter()
+        try:
+            prompts = [prompt_ids for prompt_ids, _, _ in batch]
+            completions = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self.generator.generate, prompts
+            )
+            if not isinstance(completions, list) or len(completions) != len(batch):
+                raise GeneratorError(f"the generator returned {len(completions)} completions for {len(batch)} prompts")
+            for completion in completions:
+                if not isinstance(completion, Completion):
+                    raise GeneratorError(
+                        f"the generator must return Completion objects, got {type(completion).__name__}"
+                    )
+        except Exception as exc:  # noqa: BLE001 - every waiter of the batch gets it, then the run aborts
+            error = exc if isinstance(exc, GeneratorError) else GeneratorError(f"the generator failed: {exc!r}")
+            error.__cause__ = exc if error is not exc else None
+            if not self.failure.done():
+                self.failure.set_exception(error)
+                self.failure.exception()  # mark retrieved: `arun` re-raises it
+            for _, join, _ in batch:
+                join.fail(error)
+            return
+        finally:
+            self.stats.generator_calls += 1
+            self.stats.batch_sizes.append(len(batch))
+            self.stats.generator_time_s += time.perf_counter() - started
+            self.in_flight = False
+        self.stats.sequences += len(batch)
+        for (_, join, index), completion in zip(batch, completions):
+            join.set(index, completion)
+        self._maybe_flush()
+
+
+@dataclass
+class _Run:
+    """State of one `RLMEngine.arun`: the scheduler, the nodes of every tree, the live tasks."""
+
+    scheduler: _Scheduler
+    pool: ThreadPoolExecutor
+    stats: EngineStats
+    trees: list[list[RolloutNode]] = field(default_factory=list)  # nodes of each root, in creation order
+    tree_of: dict[int, int] = field(default_factory=dict)  # id(node) -> tree index
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    closing: set[asyncio.Task[None]] = field(default_factory=set)  # REPLs being closed in the background
+    query_calls: dict[tuple[int, int], int] = field(default_factory=dict)  # (id(node), turn) -> calls so far
+
+    def next_request_index(self, node: RolloutNode, turn_index: int) -> int:
+        """Index of a node turn's next query call (calls of one index were generated together)."""
+        key = (id(node), turn_index)
+        self.query_calls[key] = self.query_calls.get(key, 0) + 1
+        return self.query_calls[key] - 1
+
+    def new_node(self, tree: int, **fields: Any) -> RolloutNode:
+        nodes = self.trees[tree]
+        node = RolloutNode(id=len(nodes), **fields)
+        nodes.append(node)
+        self.tree_of[id(node)] = tree
+        self.stats.nodes += 1
+        return node
+
+    def spawn(self, coroutine: Any) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+
+# ------------------------------------------------------------------------------------------------- engine
+class RLMEngine:
+    """Runs RLM rollout trees for many tasks concurrently, batching all generations (see the module docstring).
+
+    Args:
+        generator: the policy (`trl_ext.rlm.generators`).
+        tokenizer: renders chat messages to prompt ids (``apply_chat_template``) and decodes actions.
+        config: limits, sandbox settings, batching and prompt templates.
+        chat_template_kwargs: extra keyword arguments for ``apply_chat_template`` (e.g. ``enable_thinking``).
+        max_repl_workers: threads that start and close REPL processes.
+    """
+
+    def __init__(
+        self,
+        generator: Generator,
+        tokenizer: Any,
+        config: RLMScaffoldConfig | None = None,
+        *,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        max_repl_workers: int = 8,
+    ) -> None:
+        if not callable(getattr(generator, "generate", None)):
+            raise TypeError(f"generator must have a generate(prompts) method, got {type(generator).__name__}")
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("The tokenizer needs a chat template (tokenizer.chat_template) to render turn prompts")
+        self.generator = generator
+        self.tokenizer = tokenizer
+        self.config = config if config is not None else RLMScaffoldConfig()
+        isolation_command(self.config.repl_isolation, os.geteuid() == 0)  # fail now, not in every rollout
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.max_repl_workers = max_repl_workers
+        self.stats = EngineStats()
+
+    # ----------------------------------------------------------------------------------------- entry points
+    def run(self, tasks: Sequence[RLMTask | str]) -> list[RolloutTree]:
+        """Run one tree per task and return them in task order (blocking; see `arun`)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.arun(tasks))
+        with ThreadPoolExecutor(max_workers=1) as pool:  # inside a running loop (e.g. a notebook)
+            return pool.submit(asyncio.run, self.arun(tasks)).result()
+
+    async def arun(self, tasks: Sequence[RLMTask | str]) -> list[RolloutTree]:
+        """Run one tree per task concurrently; returns the trees in task order. Raises `GeneratorError` only."""
+        tasks = [RLMTask(task) if isinstance(task, str) else task for task in tasks]
+        for task in tasks:
+            if not isinstance(task, RLMTask) or not isinstance(task.prompt, str):
+                raise TypeError(f"tasks must be RLMTask objects or prompt strings, got {task!r:.100}")
+        started = time.perf_counter()
+        self.stats = stats = EngineStats()
+        run = _Run(
+            scheduler=_Scheduler(self.generator, self.config.max_batch_size, self.config.max_batch_wait_s, stats),
+            pool=ThreadPoolExecutor(max_workers=self.max_repl_workers, thread_name_prefix="rlm-repl"),
+            stats=stats,
+        )
+        roots = []
+        for index, task in enumerate(tasks):
+            run.trees.append([])
+            context = task.prompt if task.context is None else task.context
+            node = run.new_node(
+                index, parent=None, depth=0, task=task.prompt, context_description=describe_context(context)
+            )
+            run.scheduler.acquire()
+            roots.append(run.spawn(self._run_node(run, node, context, on_done=None)))
+        everything = asyncio.gather(*roots)
+        try:
+            await asyncio.wait({everything, run.scheduler.failure}, return_when=asyncio.FIRST_COMPLETED)
+            if run.scheduler.failure.done():
+                raise run.scheduler.failure.exception()  # type: ignore[misc]
+            await everything
+        except BaseException:
+            for task in list(run.tasks):
+                task.cancel()
+            await asyncio.gather(everything, *run.tasks, return_exceptions=True)  # retrieve every outcome
+            raise
+        finally:
+            while run.closing:  # every REPL is closed before the run returns or raises
+                await asyncio.gather(*run.closing, return_exceptions=True)
+            run.scheduler.shutdown()
+            run.pool.shutdown(wait=True)
+            stats.wall_time_s = time.perf_counter() - started
+        return [preorder(nodes) for nodes in run.trees]
+
+    # -------------------------------------------------------------------------------------- the RLM loop
+    async def _run_node(
+        self, run: _Run, node: RolloutNode, context: Any, on_done: Callable[[RolloutNode], None] | None
+    ) -> None:
+        """The scaffold loop of one node. Holds a busy token from start to end (taken by whoever spawned it)."""
+        config, loop = self.config, asyncio.get_running_loop()
+        repl_future = loop.run_in_executor(run.pool, partial(self._new_repl, context))  # boots during generation
+        system_prompt = build_system_prompt(config, context, node.depth)
+        history: list[tuple[str, str]] = []
+        try:
+            for turn_index in range(config.max_turns):
+                messages = build_turn_messages(config, system_prompt, history, node.task, turn_index)
+                prompt_ids = self._render(messages)
+                if config.max_prompt_tokens is not None and len(prompt_ids) > config.max_prompt_tokens:
+                    node.end_reason = "prompt_too_long"
+                    break
+
+                [completion] = await run.scheduler.generate([prompt_ids])
+                action = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+                turn = Turn(
+                    prompt_ids, completion.token_ids, completion.logprobs, action, code=find_code_block(action)
+                )
+                node.turns.append(turn)
+                run.stats.turns += 1
+
+                if turn.code is not None:
+                    repl = await repl_future
+                    serve = partial(self._serve_query, run, node, turn_index)
+                    turn.repl_result = await repl.aexecute(turn.code, on_query=serve)
+                    self._count_cell(run.stats, turn)
+
+                answer, final_var_error = await self._final_answer(turn, repl_future)
+                if answer is not None:
+                    node.final_answer, node.end_reason = answer, "final_answer"
+                    break
+
+                if turn.code is None and final_var_error is None:
+                    run.stats.malformed_actions += 1
+                turn.observation = format_observation(config, turn.repl_result, final_var_error)
+                history.append((action, turn.observation))
+            else:
+                node.end_reason = "max_turns"
+        except (GeneratorError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken node is recorded, the other rollouts go on
+            node.end_reason, node.error = "error", f"{type(exc).__name__}: {exc}"
+            logger.warning(
+                "RLM node (depth %d, task %.60r) ended with an error: %s", node.depth, node.task, node.error
+            )
+        finally:
+            # Closed in the background: a parent waiting for this node's answer need not wait for the cleanup.
+            closing = loop.create_task(self._close_repl(run, repl_future))
+            run.closing.add(closing)
+            closing.add_done_callback(run.closing.discard)
+            self._count_end(run.stats, node)
+            if on_done is not None:
+                on_done(node)  # wakes the parent (taking its token) before this node's token is released
+            run.scheduler.release()
+
+    def _new_repl(self, context: Any) -> PythonREPL:
+        config = self.config
+        return PythonREPL(
+            context,
+            timeout_s=config.repl_timeout_s,
+            memory_mb=config.repl_memory_mb,
+            max_output_chars=config.max_output_chars,
+            helpers=config.helpers,
+            helper_objects=config.helper_objects,
+            max_processes=config.repl_max_processes,
+            isolation=config.repl_isolation,
+        )
+
+    async def _close_repl(self, run: _Run, repl_future: asyncio.Future[PythonREPL]) -> None:
+        try:
+            repl = await repl_future
+        except Exception:  # noqa: BLE001 - it never started; the error was recorded where it was awaited
+            return
+        await asyncio.get_running_loop().run_in_executor(run.pool, repl.close)
+
+    async def _final_answer(
+        self, turn: Turn, repl_future: asyncio.Future[PythonREPL]
+    ) -> tuple[str | None, tuple[str, str] | None]:
+        """The turn's answer: ``FINAL_VAR`` called by its code, else its first ``FINAL``/``FINAL_VAR`` line.
+
+        Returns ``(answer, None)``, ``(None, None)`` when there is none, or ``(None, (name, error))`` when a
+        ``FINAL_VAR(name)`` line named no variable (the model is told so in the next prompt).
+        """
+        if turn.repl_result is not None and turn.repl_result.final_answer is not None:
+            return turn.repl_result.final_answer, None
+        final = find_final_answer(turn.action)
+        if final is None:
+            return None, None
+        if final.kind == "FINAL":
+            return final.value, None
+        result = await (await repl_future).aexecute(f"FINAL_VAR({final.value!r})")
+        if result.final_answer is not None:
+            return result.final_answer, None
+        return None, (final.value, result.error or "FINAL_VAR gave no answer")
+
+    def _render(self, messages: list[dict[str, str]]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
+        )
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    # ------------------------------------------------------------------------------------------ queries
+    async def _serve_query(self, run: _Run, node: RolloutNode, turn_index: int, request: QueryRequest) -> list[str]:
+        """Answer one ``llm_query*``/``rlm_query*`` call of `node`'s code (the REPL waits meanwhile)."""
+        config, stats = self.config, run.stats
+        turn = node.turns[turn_index]
+        request_index = run.next_request_index(node, turn_index)
+        prompts = list(request.prompts)
+        if not request.recursive and len(prompts) > config.max_llm_queries:
+            stats.refused_queries += 1
+            raise QueryRefused(
+                f"{request.function} got {len(prompts)} prompts, more than max_llm_queries={config.max_llm_queries} "
+                "per call; split them over several calls"
+            )
+        if request.recursive and len(prompts) > config.max_children:
+            stats.refused_queries += 1
+            raise QueryRefused(
+                f"{request.function} got {len(prompts)} prompts, but one call may start at most "
+                f"max_children={config.max_children} sub-agents; split them over several calls or use llm_query_batched"
+            )
+        num_children = 0
+        if request.recursive and node.depth < config.max_depth:
+            tree_nodes = run.trees[run.tree_of[id(node)]]
+            num_children = max(0, min(len(prompts), config.max_total_children - (len(tree_nodes) - 1)))
+        if request.recursive:
+            stats.degraded_rlm_queries += len(prompts) - num_children
+        llm_prompts = [
+            self._plain_prompt(prompt, request.contexts[index] if request.contexts is not None else None)
+            for index, prompt in enumerate(prompts)
+        ][num_children:]
+        llm_prompt_ids = [self._render([{"role": "user", "content": prompt}]) for prompt in llm_prompts]
+        if config.max_prompt_tokens is not None:
+            for prompt, ids in zip(llm_prompts, llm_prompt_ids):
+                if len(ids) > config.max_prompt_tokens:
+                    stats.refused_queries += 1
+                    raise QueryRefused(
+                        f"a prompt of {len(ids)} tokens is longer than max_prompt_tokens={config.max_prompt_tokens}; "
+                        f"shorten it (it starts {prompt[:80]!r})"
+                    )
+
+        join = _Join(run.scheduler, len(prompts))
+        for index in range(num_children):
+            context = request.contexts[index] if request.contexts is not None else None
+            self._spawn_child(run, node, turn_index, request_index, prompts[index], context, join, index)
+        for offset, ids in enumerate(llm_prompt_ids):
+            run.scheduler.submit(ids, join, num_children + offset)
+        stats.llm_queries += len(llm_prompts)
+        results = await run.scheduler.wait(join)
+
+        answers = list(results[:num_children])
+        for prompt, ids, completion in zip(llm_prompts, llm_prompt_ids, results[num_children:]):
+            text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+            turn.llm_calls.append(LLMCall(prompt, ids, completion.token_ids, completion.logprobs, text, request_index))
+            answers.append(text)
+        return answers
+
+    def _plain_prompt(self, prompt: str, context: Any) -> str:
+        """The user message of a plain completion: ``llm_query``'s prompt, or a degraded ``rlm_query`` with context."""
+        if context is None:
+            return self.config.llm_query_prompt.format(prompt=prompt)
+        text = context if isinstance(context, str) else json.dumps(context, ensure_ascii=False)
+        return self.config.degraded_rlm_query_prompt.format(prompt=prompt, context=text)
+
+    def _spawn_child(
+        self,
+        run: _Run,
+        parent: RolloutNode,
+        turn_index: int,
+        request_index: int,
+        prompt: str,
+        context: Any,
+        join: _Join,
+        index: int,
+    ) -> None:
+        context = prompt if context is None else context
+        child = run.new_node(
+            run.tree_of[id(parent)],
+            parent=parent.id,
+            depth=parent.depth + 1,
+            task=prompt,
+            context_description=describe_context(context),
+            spawned_at=(turn_index, request_index),
+        )
+        parent.children.append(child.id)
+        parent.turns[turn_index].children.append(child.id)
+        run.stats.children += 1
+
+        def deliver(done: RolloutNode) -> None:
+            answer = done.final_answer
+            join.set(
+                index,
+                answer
+                if answer is not None
+                else self.config.child_no_answer.format(end_reason=done.end_reason or "error"),
+            )
+
+        run.scheduler.acquire()
+        run.spawn(self._run_node(run, child, context, on_done=deliver))
+
+    # ------------------------------------------------------------------------------------------- counting
+    @staticmethod
+    def _count_cell(stats: EngineStats, turn: Turn) -> None:
+        result = turn.repl_result
+        assert result is not None
+        stats.repl_cells += 1
+        stats.repl_timeouts += result.timed_out
+        stats.repl_restarts += result.restarted
+        stats.repl_crashes += result.crashed
+        stats.repl_errors += result.error is not None and not (result.timed_out or result.crashed)
+
+    @staticmethod
+    def _count_end(stats: EngineStats, node: RolloutNode) -> None:
+        if node.end_reason == "final_answer":
+            stats.final_answers += 1
+        elif node.end_reason == "max_turns":
+            stats.max_turns += 1
+        elif node.end_reason == "prompt_too_long":
+            stats.prompt_too_long += 1
+        elif node.end_reason == "error":
+            stats.node_errors += 1
+
+
+# ----------------------------------------------------------------------------------------------- analysis
+def critical_path_generations(tree: RolloutTree) -> int:
+    """The fewest sequential generator calls that can produce `tree`: its longest chain of dependent generations.
+
+    A turn's action depends on the previous turn's code having finished, which depends on every completion and
+    child that code waited for, in the order of its query calls. With every independent request of every tree
+    batched together, a run needs ``max(critical_path_generations(tree) for tree in trees)`` calls; a
+    scheduler's efficiency is that over the calls it made.
+    """
+    nodes = tree.nodes
+
+    def last_level(node: RolloutNode, first_level: int) -> int:
+        """Level (0-based call index) of the node's last generation, given the level of its first action."""
+        level = first_level
+        for turn_index, turn in enumerate(node.turns):
+            if turn_index:
+                level += 1  # this turn's action comes after the previous turn's code finished
+            requests = sorted(
+                {call.request for call in turn.llm_calls} | {nodes[c].spawned_at[1] for c in turn.children}
+            )  # type: ignore[index]
+            for request in requests:
+                end = level
+                if any(call.request == request for call in turn.llm_calls):
+                    end = max(end, level + 1)
+                for child in turn.children:
+                    if nodes[child].spawned_at[1] == request:  # type: ignore[index]
+                        end = max(end, last_level(nodes[child], level + 1))
+                level = end
+        return level
+
+    if not tree.root.turns:
+        return 0
+    return last_level(tree.root, 0) + 1

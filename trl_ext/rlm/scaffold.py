@@ -1,0 +1,329 @@
+"""The RLM scaffold (SPEC §1.1): its configuration and the pure functions of one turn.
+
+One turn of a node, as `trl_ext.rlm.engine` runs it::
+
+    messages = build_turn_messages(config, system_prompt, history, task, turn)   # rebuilt from scratch
+    action   = <one completion sampled for the rendered messages>
+    code     = find_code_block(action)                 # the last ```repl block, or None
+    result   = <run `code` in the node's REPL>         # may call llm_query / rlm_query
+    final    = result.final_answer or find_final_answer(action)   # FINAL(...) / FINAL_VAR(...) line
+    history.append((action, format_observation(...)))  # unless the node is done
+
+Everything here is pure: no REPL, no model. The prompts are the templates of `trl_ext.rlm.prompts`, overridable
+through `RLMScaffoldConfig`.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+from . import prompts
+from .repl import ReplResult
+from .sandbox import ISOLATION_MODES
+
+__all__ = [
+    "FinalAnswer",
+    "RLMScaffoldConfig",
+    "build_system_prompt",
+    "build_turn_messages",
+    "describe_context",
+    "find_code_block",
+    "find_final_answer",
+    "format_observation",
+    "format_repl_output",
+    "truncate_output",
+]
+
+# The template fields of the config and the placeholders each may use.
+_TEMPLATE_PLACEHOLDERS = {
+    "system_prompt": {"context_description": "a str", "recursion_note": "", "max_children": 4},
+    "first_user_prompt": {"task": "t", "turn": 1, "max_turns": 10, "turns_left": 10},
+    "user_prompt": {"task": "t", "turn": 2, "max_turns": 10, "turns_left": 9},
+    "repl_output_prompt": {"output": "o"},
+    "no_code_prompt": {},
+    "final_var_error_prompt": {"name": "n", "error": "e"},
+    "child_no_answer": {"end_reason": "max_turns"},
+    "llm_query_prompt": {"prompt": "p"},
+    "degraded_rlm_query_prompt": {"prompt": "p", "context": "c"},
+}
+
+
+@dataclass
+class RLMScaffoldConfig:
+    """Configuration of RLM rollouts: limits, sandbox, batching and prompt templates.
+
+    Parameters, by topic:
+
+    > Limits (SPEC §1.1)
+
+    max_turns: turns per node; a node without an answer after them ends with "max_turns" (reward 0).
+    max_depth: depth of the deepest child; a node at depth >= max_depth gets plain completions from
+        ``rlm_query`` (0 disables children altogether).
+    max_children: prompts one ``rlm_query_batched`` call may pass; more is refused (the model sees an error).
+    max_total_children: children in one root's whole tree; past it ``rlm_query`` degrades to ``llm_query``.
+    max_llm_queries: prompts one ``llm_query_batched`` call may pass; more is refused.
+    max_prompt_tokens: a node whose rebuilt prompt is longer ends with "prompt_too_long"; an ``llm_query``
+        prompt longer is refused. None: no check (set it to the engine's context length minus the completion
+        length, or a long prompt fails the whole generator call).
+
+    > REPL sandbox (see `trl_ext.rlm.repl.PythonREPL`)
+
+    repl_timeout_s, repl_memory_mb, repl_max_processes, repl_isolation: per-REPL limits and isolation mode.
+    max_output_chars: REPL output shown to the model per turn (truncated beyond, with a note).
+    helpers: Python source run in every REPL at start (task helper functions).
+    helper_objects: name -> picklable object copied into every REPL.
+
+    > Engine
+
+    max_batch_size: at most this many sequences per generator call (None: every pending request at once).
+        A full batch is sent without waiting for the remaining rollouts.
+    max_batch_wait_s: send the pending requests once the oldest has waited this long, even if some rollouts are
+        still running code (None: wait for all of them, one call per wave). Bounds how long one slow REPL cell
+        (up to ``repl_timeout_s``) can hold every other rollout back, at the price of more, smaller calls.
+
+    > Prompts (templates of `trl_ext.rlm.prompts`; see there for the placeholders)
+
+    system_prompt, first_user_prompt, user_prompt, repl_output_prompt, no_code_prompt, final_var_error_prompt,
+    child_no_answer, llm_query_prompt, degraded_rlm_query_prompt, recursion_note, leaf_recursion_note.
+    """
+
+    max_turns: int = field(default=10, metadata={"help": "Turns per node before it ends without an answer."})
+    max_depth: int = field(default=1, metadata={"help": "Deepest child depth; rlm_query degrades to llm_query there."})
+    max_children: int = field(default=4, metadata={"help": "Children one rlm_query_batched call may start."})
+    max_total_children: int = field(default=64, metadata={"help": "Children in one root's tree, all depths."})
+    max_llm_queries: int = field(default=64, metadata={"help": "Prompts one llm_query_batched call may pass."})
+    max_prompt_tokens: int | None = field(default=None, metadata={"help": "Longest prompt sent to the generator."})
+    max_output_chars: int = field(default=20_000, metadata={"help": "REPL output characters shown per turn."})
+    repl_timeout_s: float = field(default=10.0, metadata={"help": "Wall-clock limit of one REPL cell."})
+    repl_memory_mb: int = field(default=1024, metadata={"help": "Address-space limit of each REPL."})
+    repl_max_processes: int = field(default=32, metadata={"help": "Processes+threads model code may start."})
+    repl_isolation: Literal["process", "namespace"] = field(
+        default="process", metadata={"help": "'process', or 'namespace' (no network; needs unshare)."}
+    )
+    helpers: tuple[str, ...] = field(default=(), metadata={"help": "Helper source run in every REPL."})
+    helper_objects: dict[str, Any] = field(default_factory=dict, metadata={"help": "Objects copied into REPLs."})
+    max_batch_size: int | None = field(default=None, metadata={"help": "Sequences per generator call."})
+    max_batch_wait_s: float | None = field(
+        default=None, metadata={"help": "Send pending requests after this long even if some rollouts are busy."}
+    )
+    system_prompt: str = field(default=prompts.SYSTEM_PROMPT, metadata={"help": "System prompt template."})
+    first_user_prompt: str = field(default=prompts.FIRST_USER_PROMPT, metadata={"help": "Turn-0 user message."})
+    user_prompt: str = field(default=prompts.USER_PROMPT, metadata={"help": "Later turns' user message."})
+    repl_output_prompt: str = field(default=prompts.REPL_OUTPUT_PROMPT, metadata={"help": "REPL output message."})
+    no_code_prompt: str = field(default=prompts.NO_CODE_PROMPT, metadata={"help": "Message after a codeless turn."})
+    final_var_error_prompt: str = field(
+        default=prompts.FINAL_VAR_ERROR_PROMPT, metadata={"help": "Message after a failed FINAL_VAR."}
+    )
+    child_no_answer: str = field(default=prompts.CHILD_NO_ANSWER, metadata={"help": "A child's non-answer."})
+    llm_query_prompt: str = field(default=prompts.LLM_QUERY_PROMPT, metadata={"help": "llm_query user message."})
+    degraded_rlm_query_prompt: str = field(
+        default=prompts.DEGRADED_RLM_QUERY_PROMPT, metadata={"help": "A degraded rlm_query's prompt, with context."}
+    )
+    recursion_note: str = field(default=prompts.RECURSION_NOTE, metadata={"help": "System note above max depth."})
+    leaf_recursion_note: str = field(
+        default=prompts.LEAF_RECURSION_NOTE, metadata={"help": "System note at max depth."}
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_children", "max_total_children", "max_llm_queries", "max_output_chars"):
+            _check_int(name, getattr(self, name), minimum=1)
+        _check_int("max_depth", self.max_depth, minimum=0)
+        _check_int("repl_memory_mb", self.repl_memory_mb, minimum=64)
+        _check_int("repl_max_processes", self.repl_max_processes, minimum=0)
+        for name in ("max_prompt_tokens", "max_batch_size"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), minimum=1)
+        wait = self.max_batch_wait_s
+        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0):
+            raise ValueError(f"max_batch_wait_s must be None or a number of seconds >= 0, got {wait!r}")
+        if (
+            isinstance(self.repl_timeout_s, bool)
+            or not isinstance(self.repl_timeout_s, (int, float))
+            or self.repl_timeout_s <= 0
+        ):
+            raise ValueError(f"repl_timeout_s must be a positive number of seconds, got {self.repl_timeout_s!r}")
+        if self.repl_isolation not in ISOLATION_MODES:
+            raise ValueError(f"repl_isolation must be one of {ISOLATION_MODES}, got {self.repl_isolation!r}")
+        if isinstance(self.helpers, str):
+            self.helpers = (self.helpers,)
+        self.helpers = tuple(self.helpers)
+        if not all(isinstance(source, str) for source in self.helpers):
+            raise TypeError("helpers must be Python source strings")
+        for name, placeholders in _TEMPLATE_PLACEHOLDERS.items():
+            template = getattr(self, name)
+            if not isinstance(template, str):
+                raise TypeError(f"{name} must be a str template, got {type(template).__name__}")
+            try:
+                template.format(**placeholders)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ValueError(
+                    f"{name} is not a valid template ({type(exc).__name__}: {exc}); it may use the placeholders "
+                    f"{sorted(placeholders) or 'none'}, and literal braces must be doubled ({{{{ and }}}})."
+                ) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {item.name: getattr(self, item.name) for item in fields(self)}
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+_CODE_BLOCK = re.compile(r"^[ \t]*```repl[ \t]*\n(.*?)^[ \t]*```[ \t]*$", re.MULTILINE | re.DOTALL)
+_FENCE = re.compile(r"^[ \t]*```")
+_FINAL_VAR_LINE = re.compile(r"^[ \t]*FINAL_VAR\((.*)\)[ \t]*$")
+_FINAL_START = re.compile(r"^[ \t]*FINAL\(")
+
+
+def find_code_block(action: str) -> str | None:
+    """The code of the last ```repl block of `action` (fences on lines of their own), or None.
+
+    An unterminated block (a completion cut by the token limit) does not count.
+    """
+    blocks = _CODE_BLOCK.findall(action)
+    if not blocks:
+        return None
+    return textwrap.dedent(blocks[-1]).rstrip("\n")
+
+
+@dataclass(frozen=True)
+class FinalAnswer:
+    """A ``FINAL(answer)`` or ``FINAL_VAR(name)`` line found in an action."""
+
+    kind: Literal["FINAL", "FINAL_VAR"]
+    value: str  # the answer text for FINAL, the variable name for FINAL_VAR
+
+
+def find_final_answer(action: str) -> FinalAnswer | None:
+    """The first ``FINAL(...)``/``FINAL_VAR(...)`` line of `action` outside code fences, or None.
+
+    ``FINAL(`` must start a line (after indentation); its answer runs to the matching closing parenthesis and may
+    span lines. ``FINAL_VAR(name)`` must fill its line; quotes around the name are dropped. A ``FINAL(`` whose
+    parenthesis never closes is ignored (the completion was cut).
+    """
+    lines = action.split("\n")
+    in_fence = False
+    outside: list[str] = []  # lines outside fences; fenced lines blanked so indices stay aligned
+    for line in lines:
+        if _FENCE.match(line):
+            in_fence = not in_fence
+            outside.append("")
+            continue
+        outside.append("" if in_fence else line)
+    for index, line in enumerate(outside):
+        match = _FINAL_VAR_LINE.match(line)
+        if match:
+            return FinalAnswer("FINAL_VAR", match.group(1).strip().strip("'\"").strip())
+        start = _FINAL_START.match(line)
+        if start:
+            rest = "\n".join([line[start.end() :], *outside[index + 1 :]])
+            depth = 1
+            for position, char in enumerate(rest):
+                if char == "(":
+                    depth += 1
+                elif char == ")":
+                    depth -= 1
+                    if depth == 0:
+                        return FinalAnswer("FINAL", rest[:position].strip())
+            return None
+    return None
+
+
+# --------------------------------------------------------------------------------------------- formatting
+def truncate_output(text: str, max_chars: int) -> str:
+    """`text` cut to its first `max_chars` characters, with a note saying how many were dropped."""
+    if len(text) <= max_chars:
+        return text
+    return text[:max_chars] + f"\n... [{len(text) - max_chars} more characters truncated]"
+
+
+def format_repl_output(result: ReplResult, max_chars: int) -> str:
+    """A cell's stdout followed by its error, within `max_chars` (the error keeps up to half of them)."""
+    error = (result.error or "").rstrip("\n")
+    error = truncate_output(error, max_chars // 2) if error else ""
+    stdout = result.stdout.rstrip("\n")
+    stdout = truncate_output(stdout, max(max_chars - len(error), 0)) if stdout else ""
+    text = "\n".join(part for part in (stdout, error) if part)
+    return text or "(no output)"
+
+
+def format_observation(
+    config: RLMScaffoldConfig,
+    result: ReplResult | None,
+    final_var_error: tuple[str, str] | None = None,
+) -> str:
+    """The user message that answers an action in later prompts.
+
+    Args:
+        config: gives the templates and `max_output_chars`.
+        result: the cell's result, or None when the action had no code.
+        final_var_error: ``(name, error)`` when a ``FINAL_VAR(name)`` line gave no answer.
+    """
+    parts = []
+    if result is not None:
+        parts.append(config.repl_output_prompt.format(output=format_repl_output(result, config.max_output_chars)))
+    if final_var_error is not None:
+        name, error = final_var_error
+        parts.append(
+            config.final_var_error_prompt.format(name=name, error=truncate_output(error, config.max_output_chars))
+        )
+    if not parts:
+        parts.append(config.no_code_prompt.format())
+    return "\n\n".join(parts)
+
+
+def describe_context(context: Any) -> str:
+    """A one-line description of a ``context`` value for the system prompt (type and size, not content)."""
+    if isinstance(context, str):
+        return f"a str of {len(context):,} characters"
+    if isinstance(context, (list, tuple)):
+        total = sum(len(item) if isinstance(item, str) else len(str(item)) for item in context)
+        return f"a {type(context).__name__} of {len(context):,} items ({total:,} characters in total)"
+    if isinstance(context, dict):
+        total = sum(len(str(key)) + len(str(value)) for key, value in context.items())
+        return f"a dict with {len(context):,} keys ({total:,} characters in total)"
+    return f"a {type(context).__name__} ({len(str(context)):,} characters as text)"
+
+
+def build_system_prompt(config: RLMScaffoldConfig, context: Any, depth: int) -> str:
+    """The system prompt of a node at `depth` whose REPL holds `context`."""
+    note = config.leaf_recursion_note if depth >= config.max_depth else config.recursion_note
+    return config.system_prompt.format(
+        context_description=describe_context(context), recursion_note=note, max_children=config.max_children
+    )
+
+
+def build_turn_messages(
+    config: RLMScaffoldConfig,
+    system_prompt: str,
+    history: Sequence[tuple[str, str]],
+    task: str,
+    turn: int,
+) -> list[dict[str, str]]:
+    """The chat messages of turn `turn` (0-based), rebuilt from scratch (SPEC §1.1).
+
+    ``[system, (assistant action, user observation) for each earlier turn, fresh user message]``. The fresh
+    message restates the task (with the iteration-0 safeguard on turn 0) and is not part of `history`, so
+    successive turns' prompts do not share a prefix beyond the history.
+
+    Args:
+        history: ``(action, observation)`` of every earlier turn, in order.
+        task: the node's task, restated every turn.
+        turn: index of the turn being prompted; must equal ``len(history)``.
+    """
+    if turn != len(history):
+        raise ValueError(f"turn {turn} must follow exactly {turn} earlier turns, got a history of {len(history)}")
+    messages = [{"role": "system", "content": system_prompt}]
+    for action, observation in history:
+        messages.append({"role": "assistant", "content": action})
+        messages.append({"role": "user", "content": observation})
+    template = config.first_user_prompt if turn == 0 else config.user_prompt
+    fresh = template.format(task=task, turn=turn + 1, max_turns=config.max_turns, turns_left=config.max_turns - turn)
+    messages.append({"role": "user", "content": fresh})
+    return messages

@@ -1,0 +1,356 @@
+"""Rollout trees: what one root RLM rollout produced, turn by turn, with the 1/k subtree weights (SPEC §1.2-1.3).
+
+A root rollout and every child it spawned through ``rlm_query``/``rlm_query_batched`` are the nodes of one
+`RolloutTree`, listed in pre-order (a parent before its children, children in spawn order), so
+``tree.nodes[0]`` is the root and ``tree.parents()[i] < i`` for every child ``i``.
+
+What a trainer needs from a tree::
+
+    tree.final_answer                      # the root's answer (None: no answer -> reward 0)
+    for sample in tree.turn_samples():     # one training sample per turn of every node
+        sample.prompt_ids                  # the exact token ids the generator was given for this turn
+        sample.action_ids, sample.logprobs # the sampled action and its sampling log-probs (same length)
+        sample.weight                      # W(node) = prod over ancestors a of 1/k_a (roots 1), SPEC §1.3
+
+``llm_query`` completions are recorded too (`Turn.llm_calls`, with ids and log-probs) but are not nodes and not
+in `turn_samples`: they are single completions, and whether to train on them is the trainer's choice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .repl import ReplResult
+
+EndReason = Literal["final_answer", "max_turns", "prompt_too_long", "error"]
+END_REASONS: tuple[str, ...] = ("final_answer", "max_turns", "prompt_too_long", "error")
+
+
+def subtree_weights(parents: Sequence[int | None]) -> list[float]:
+    """The 1/k weight of every node of a forest (SPEC §1.3).
+
+    ``W(v) = Π_{ancestors a of v} 1/k_a`` where ``k_a`` is the number of children of ``a``; roots weigh 1. So the
+    children of a node share its weight's worth of loss equally, and a parent that spawns many children is not
+    dominated by them.
+
+    Args:
+        parents: ``parents[i]`` is the index of node ``i``'s parent, or None for a root. Any order.
+
+    Returns:
+        ``weights[i]`` for every node, in the order of `parents`.
+
+    Raises:
+        TypeError: an entry is neither None nor an int.
+        ValueError: an entry is not a node index, or the parent links form a cycle.
+
+    Example: ``subtree_weights([None, 0, 0, 1, 1, 1])`` is ``[1, 1/2, 1/2, 1/6, 1/6, 1/6]``.
+    """
+    size = len(parents)
+    for index, parent in enumerate(parents):
+        if parent is None:
+            continue
+        if isinstance(parent, bool) or not isinstance(parent, int):
+            raise TypeError(f"parents[{index}] must be a node index or None, got {parent!r}")
+        if not 0 <= parent < size:
+            raise ValueError(f"parents[{index}] = {parent} is not a node index in [0, {size})")
+        if parent == index:
+            raise ValueError(f"parents[{index}] = {index}: a node cannot be its own parent")
+    num_children = [0] * size
+    for parent in parents:
+        if parent is not None:
+            num_children[parent] += 1
+
+    weights: list[float | None] = [None] * size
+    for start in range(size):
+        path = []  # nodes whose weight waits on their parent's, from `start` upwards
+        on_path = set()
+        node: int | None = start
+        while node is not None and weights[node] is None:
+            if node in on_path:
+                cycle = path[path.index(node) :]
+                raise ValueError(f"parents form a cycle through nodes {cycle}; every chain must end at a root (None)")
+            path.append(node)
+            on_path.add(node)
+            node = parents[node]
+        weight = 1.0 if node is None else weights[node]
+        for child in reversed(path):
+            parent = parents[child]
+            weight = 1.0 if parent is None else weight / num_children[parent]
+            weights[child] = weight
+    return [float(weight) for weight in weights]  # type: ignore[arg-type]
+
+
+@dataclass
+class LLMCall:
+    """One plain completion requested by a turn's code (``llm_query*``, or a degraded ``rlm_query*``).
+
+    Attributes:
+        prompt: the user message sent: the code's prompt through the ``llm_query_prompt`` template, with the
+            child context inlined for a degraded ``rlm_query`` (``degraded_rlm_query_prompt``).
+        prompt_ids: the token ids given to the generator (that message, chat-templated).
+        completion_ids / logprobs: the sampled completion and its sampling log-probs, same length.
+        completion: the decoded completion returned to the code.
+        request: index of the query call within its turn; calls with the same index were one batched call.
+    """
+
+    prompt: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    completion: str
+    request: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "request": self.request,
+            "prompt": self.prompt,
+            "completion": self.completion,
+            "prompt_ids": self.prompt_ids,
+            "completion_ids": self.completion_ids,
+            "logprobs": self.logprobs,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LLMCall:
+        return cls(
+            **{
+                key: data[key]
+                for key in ("prompt", "prompt_ids", "completion_ids", "logprobs", "completion", "request")
+            }
+        )
+
+
+@dataclass
+class Turn:
+    """One turn of a node: the prompt it was given, the action it sampled, and what running the action did.
+
+    Attributes:
+        prompt_ids: the exact token ids fed to the generator (prompt rebuilt every turn, SPEC §1.1).
+        action_ids: the sampled completion, eos included when sampled.
+        logprobs: sampling log-probs of `action_ids` (after temperature/top-p processing), same length.
+        action: the decoded action (special tokens skipped).
+        code: the last ```repl block of the action, or None.
+        repl_result: what running `code` produced (None when there was no code).
+        observation: the user message that follows this action in later prompts (None on a node's last turn).
+        llm_calls: plain completions the code requested, in request order.
+        children: ids of the child nodes the code spawned, in spawn order.
+    """
+
+    prompt_ids: list[int]
+    action_ids: list[int]
+    logprobs: list[float]
+    action: str
+    code: str | None = None
+    repl_result: ReplResult | None = None
+    observation: str | None = None
+    llm_calls: list[LLMCall] = field(default_factory=list)
+    children: list[int] = field(default_factory=list)
+
+    def to_dict(self, index: int, tokenizer: Any = None) -> dict[str, Any]:
+        data: dict[str, Any] = {"turn": index}
+        if tokenizer is not None:
+            data["prompt_text"] = tokenizer.decode(self.prompt_ids, skip_special_tokens=False)
+        data.update(
+            action=self.action,
+            code=self.code,
+            repl_result=self.repl_result.to_dict() if self.repl_result is not None else None,
+            observation=self.observation,
+            children=self.children,
+            llm_calls=[call.to_dict() for call in self.llm_calls],
+            prompt_ids=self.prompt_ids,
+            action_ids=self.action_ids,
+            logprobs=self.logprobs,
+        )
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Turn:
+        result = data.get("repl_result")
+        return cls(
+            prompt_ids=list(data["prompt_ids"]),
+            action_ids=list(data["action_ids"]),
+            logprobs=list(data["logprobs"]),
+            action=data["action"],
+            code=data.get("code"),
+            repl_result=ReplResult.from_dict(result) if result is not None else None,
+            observation=data.get("observation"),
+            llm_calls=[LLMCall.from_dict(call) for call in data.get("llm_calls", [])],
+            children=list(data.get("children", [])),
+        )
+
+
+@dataclass
+class RolloutNode:
+    """One RLM rollout (the root, or a child started by ``rlm_query``): its turns and how it ended.
+
+    Attributes:
+        id: index in `RolloutTree.nodes`.
+        parent: the parent's id (None for the root).
+        depth: 0 for the root, parent's depth + 1 for a child.
+        task: the task the node was given (the root's prompt, or the prompt passed to ``rlm_query``).
+        context_description: what its ``context`` variable held (e.g. "a str of 1,234 characters").
+        turns: its turns, in order.
+        children: ids of its children, in spawn order.
+        final_answer: its answer, or None.
+        end_reason: "final_answer", "max_turns" (no answer in time), "prompt_too_long" (the rebuilt prompt
+            exceeded ``max_prompt_tokens``) or "error" (e.g. its REPL could not start; see `error`).
+        error: what went wrong when `end_reason` is "error".
+        spawned_at: ``(parent turn index, query request index)`` of the call that started it.
+    """
+
+    id: int
+    parent: int | None
+    depth: int
+    task: str
+    context_description: str = ""
+    turns: list[Turn] = field(default_factory=list)
+    children: list[int] = field(default_factory=list)
+    final_answer: str | None = None
+    end_reason: EndReason | None = None
+    error: str | None = None
+    spawned_at: tuple[int, int] | None = None
+
+    def to_dict(self, tokenizer: Any = None) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "parent": self.parent,
+            "depth": self.depth,
+            "task": self.task,
+            "context_description": self.context_description,
+            "end_reason": self.end_reason,
+            "final_answer": self.final_answer,
+            "error": self.error,
+            "children": self.children,
+            "spawned_at": list(self.spawned_at) if self.spawned_at is not None else None,
+            "turns": [turn.to_dict(index, tokenizer) for index, turn in enumerate(self.turns)],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RolloutNode:
+        spawned_at = data.get("spawned_at")
+        return cls(
+            id=data["id"],
+            parent=data["parent"],
+            depth=data["depth"],
+            task=data["task"],
+            context_description=data.get("context_description", ""),
+            turns=[Turn.from_dict(turn) for turn in data["turns"]],
+            children=list(data["children"]),
+            final_answer=data.get("final_answer"),
+            end_reason=data.get("end_reason"),
+            error=data.get("error"),
+            spawned_at=tuple(spawned_at) if spawned_at is not None else None,  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True)
+class TurnSample:
+    """One training sample of a tree: a turn of one of its nodes, with the node's 1/k weight."""
+
+    node: int
+    turn: int
+    depth: int
+    prompt_ids: list[int]
+    action_ids: list[int]
+    logprobs: list[float]
+    weight: float
+
+
+@dataclass
+class RolloutTree:
+    """A root rollout and all its descendants, in pre-order (``nodes[0]`` is the root)."""
+
+    nodes: list[RolloutNode]
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise ValueError("A RolloutTree needs at least its root node")
+        for index, node in enumerate(self.nodes):
+            if node.id != index:
+                raise ValueError(f"nodes[{index}] has id {node.id}; node ids must equal their positions")
+        if self.nodes[0].parent is not None or any(node.parent is None for node in self.nodes[1:]):
+            raise ValueError("nodes[0] must be the only root (parent None)")
+
+    @property
+    def root(self) -> RolloutNode:
+        return self.nodes[0]
+
+    @property
+    def final_answer(self) -> str | None:
+        """The root's final answer (None when it ended without one)."""
+        return self.root.final_answer
+
+    def parents(self) -> list[int | None]:
+        """``parents()[i]``: parent id of node ``i`` (None for the root); the input of `subtree_weights`."""
+        return [node.parent for node in self.nodes]
+
+    def weights(self) -> list[float]:
+        """The 1/k weight of every node (`subtree_weights` of `parents`)."""
+        return subtree_weights(self.parents())
+
+    def turn_samples(self) -> list[TurnSample]:
+        """Every turn of every node as a training sample, nodes in pre-order, turns in order."""
+        weights = self.weights()
+        return [
+            TurnSample(
+                node=node.id,
+                turn=index,
+                depth=node.depth,
+                prompt_ids=turn.prompt_ids,
+                action_ids=turn.action_ids,
+                logprobs=turn.logprobs,
+                weight=weights[node.id],
+            )
+            for node in self.nodes
+            for index, turn in enumerate(node.turns)
+        ]
+
+    def iter_turns(self) -> Iterator[tuple[RolloutNode, int, Turn]]:
+        for node in self.nodes:
+            for index, turn in enumerate(node.turns):
+                yield node, index, turn
+
+    def to_dict(self, tokenizer: Any = None) -> dict[str, Any]:
+        """A JSON-ready dict; with a tokenizer, every turn also carries its decoded ``prompt_text``."""
+        return {"final_answer": self.final_answer, "nodes": [node.to_dict(tokenizer) for node in self.nodes]}
+
+    def to_json(self, tokenizer: Any = None, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(tokenizer), indent=indent, ensure_ascii=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RolloutTree:
+        return cls([RolloutNode.from_dict(node) for node in data["nodes"]])
+
+    @classmethod
+    def from_json(cls, text: str) -> RolloutTree:
+        return cls.from_dict(json.loads(text))
+
+
+def preorder(nodes: Sequence[RolloutNode]) -> RolloutTree:
+    """Renumber nodes created in any order (e.g. by concurrent spawns) into a pre-order `RolloutTree`.
+
+    Children keep their spawn order, so the ids do not depend on which REPL happened to finish first.
+    """
+    by_id = {node.id: node for node in nodes}
+    roots = [node for node in nodes if node.parent is None]
+    if len(roots) != 1:
+        raise ValueError(f"expected exactly one root, got {len(roots)}")
+    order: list[RolloutNode] = []
+    stack = [roots[0]]
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(by_id[child] for child in reversed(node.children))
+    if len(order) != len(nodes):
+        raise ValueError("some nodes are not reachable from the root through `children`")
+    new_id = {node.id: index for index, node in enumerate(order)}
+    for node in order:
+        node.id = new_id[node.id]
+        node.parent = new_id[node.parent] if node.parent is not None else None
+        node.children = [new_id[child] for child in node.children]
+        for turn in node.turns:
+            turn.children = [new_id[child] for child in turn.children]
+    return RolloutTree(order)
