@@ -20,6 +20,17 @@ _LAZY = {
     "default_monitors": "trl_ext.callbacks",
     "add_monitors": "trl_ext.callbacks",
     "plot_run": "trl_ext.callbacks",
+    "RLMTConfig": "trl_ext.trainers",
+    "RLMTTrainer": "trl_ext.trainers",
+    "RubricJudgeReward": "trl_ext.rewards",
+    "RubricJudgeConfig": "trl_ext.rewards",
+    "CharSpanF1Reward": "trl_ext.rewards",
+    "char_span_f1": "trl_ext.rewards",
+    "RewardModelScorer": "trl_ext.rewards",
+    "ServedRewardModelScorer": "trl_ext.rewards",
+    "split_thinking": "trl_ext.rewards",
+    "build_dpo_pairs": "trl_ext.rewards",
+    "split_cold_start": "trl_ext.sft",
 }
 
 __all__ = ["__version__", *_LAZY]

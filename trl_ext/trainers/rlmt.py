@@ -1,0 +1,269 @@
+"""`RLMTTrainer`: GRPO where the policy plans in ``<think>`` and a reward model scores the response only (SPEC §5).
+
+A thin subclass of `ExtGRPOTrainer` (so the IPO loss and monitors compose with it). It does three things, all built
+from the pure pieces in `trl_ext.rewards.rlmt`:
+
+1. **Format.** The dataset's prompts are rewritten into the RLMT format (`rlmt_format_dataset`): ``"instruct"``
+   adds the planning instruction as a system message, ``"zero"`` builds the base-model prefix prompt. The user's
+   original prompt is kept in the column ``rlmt_original_prompt``, which is what the reward model sees.
+2. **Stop string.** ``"zero"`` generation stops at ``</response>``: vLLM gets it as a sampling ``stop`` string, and
+   every completion (vLLM or ``transformers``, whose ``generate`` cannot take stop strings from TRL) is cut after the
+   token that completes it, so tokens sampled past the stop are neither scored nor trained.
+3. **Scorer.** Unless ``reward_funcs`` are given, a `RewardModelScorer` is built from
+   ``reward_model_name_or_path`` with its own device, dtype, batch size and chat template; strict mode gives malformed
+   completions the lowest reward.
+
+Why a subclass rather than a recipe: the stop-string cut must happen inside generation (before rewards, masks and
+log-probs are computed), which a recipe on `ExtGRPOTrainer` cannot reach; the rest would be a recipe's three lines,
+kept here so that the paper's defaults live in one config.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..rewards.rlmt import (
+    INSTRUCT_SYSTEM_PROMPT,
+    ORIGINAL_PROMPT_COLUMN,
+    RLMT_FORMATS,
+    ZERO_STOP_STRING,
+    RewardModelScorer,
+    rlmt_format_dataset,
+    stop_token_cut,
+)
+from .ext_grpo import ExtGRPOConfig, ExtGRPOTrainer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RLMTConfig(ExtGRPOConfig):
+    r"""
+    Configuration for [`RLMTTrainer`]: every field of [`ExtGRPOConfig`] (and so of `trl.GRPOConfig`), the RLMT
+    format and the reward model. Defaults follow the paper where it sets them (temperature 0.7, KL β 0.001, group
+    size 8, learning rate 1e-6); its prompt/response lengths were 1024/4096 tokens (set ``max_completion_length``).
+
+    Parameters:
+        > Format
+
+        rlmt_format (`str`, *optional*, defaults to `"instruct"`):
+            `"instruct"` (chat models: `<think> plan </think> response`) or `"zero"` (base models: the prefix prompt,
+            `<think> … </think> <response> … </response>`, stop string `</response>`).
+        apply_rlmt_format (`bool`, *optional*, defaults to `True`):
+            Rewrite the datasets' prompts into the format (turn off when they already are).
+        rlmt_system_prompt (`str`, *optional*, defaults to `INSTRUCT_SYSTEM_PROMPT`):
+            The planning instruction of the `"instruct"` format.
+        stop_strings (`list[str]` or `None`, *optional*, defaults to `None`):
+            Completions end after the first of these; `None` = `["</response>"]` for `"zero"`, none for
+            `"instruct"`.
+        starts_in_thinking (`bool`, *optional*, defaults to `False`):
+            The policy's chat template pre-fills `<think>` (TRL #6966): a completion with no tag at all is then an
+            unfinished plan, not a response.
+
+        > Reward model (used when `reward_funcs` is not given)
+
+        reward_model_name_or_path (`str` or `None`, *optional*, defaults to `None`):
+            A sequence-classification reward model (the paper: `Skywork/Skywork-Reward-Llama-3.1-8B-v0.2`).
+        reward_model_device (`str` or `None`, *optional*, defaults to `None`):
+            Its device; `None` = this process's CUDA device, else CPU.
+        reward_model_dtype (`str` or `None`, *optional*, defaults to `None`):
+            Its dtype, e.g. `"bfloat16"`; `None` keeps the checkpoint's.
+        reward_model_batch_size (`int`, *optional*, defaults to `8`):
+            Conversations per reward-model forward pass.
+        reward_model_max_length (`int` or `None`, *optional*, defaults to `None`):
+            Longest reward-model input in tokens (the beginning is cut).
+        strict_format (`bool`, *optional*, defaults to `True`):
+            Malformed completions get the lowest reward instead of a score.
+        malformed_reward (`float` or `None`, *optional*, defaults to `None`):
+            That lowest reward; `None` = the batch's lowest score minus `malformed_margin`.
+        malformed_margin (`float`, *optional*, defaults to `1.0`):
+            See `malformed_reward`.
+    """
+
+    rlmt_format: str = field(
+        default="instruct",
+        metadata={
+            "help": "'instruct' (chat models, <think> … </think> response) or 'zero' (base models, prefix prompt)."
+        },
+    )
+    apply_rlmt_format: bool = field(
+        default=True, metadata={"help": "Rewrite the datasets' prompts into the RLMT format."}
+    )
+    rlmt_system_prompt: str = field(
+        default=INSTRUCT_SYSTEM_PROMPT, metadata={"help": "The planning instruction of the 'instruct' format."}
+    )
+    stop_strings: list[str] | None = field(
+        default=None,
+        metadata={"help": "Completions end after the first of these; None = ['</response>'] for 'zero', else none."},
+    )
+    starts_in_thinking: bool = field(
+        default=False,
+        metadata={"help": "The policy's chat template pre-fills <think> (TRL #6966); a tagless completion is a plan."},
+    )
+    reward_model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Sequence-classification reward model used when reward_funcs is not given."},
+    )
+    reward_model_device: str | None = field(
+        default=None, metadata={"help": "Reward model device; None = this process's CUDA device, else CPU."}
+    )
+    reward_model_dtype: str | None = field(
+        default=None, metadata={"help": "Reward model dtype, e.g. 'bfloat16'; None keeps the checkpoint's."}
+    )
+    reward_model_batch_size: int = field(default=8, metadata={"help": "Conversations per reward-model forward."})
+    reward_model_max_length: int | None = field(
+        default=None, metadata={"help": "Longest reward-model input in tokens (the beginning is cut)."}
+    )
+    strict_format: bool = field(
+        default=True, metadata={"help": "Malformed completions get the lowest reward instead of a score."}
+    )
+    malformed_reward: float | None = field(
+        default=None,
+        metadata={"help": "Reward of a malformed completion; None = batch's lowest score minus malformed_margin."},
+    )
+    malformed_margin: float = field(default=1.0, metadata={"help": "See malformed_reward."})
+
+    # Paper defaults (SPEC §5) overriding GRPOConfig's.
+    temperature: float = field(default=0.7, metadata={"help": "Sampling temperature (RLMT paper: 0.7)."})
+    beta: float = field(default=0.001, metadata={"help": "KL coefficient (RLMT paper: 0.001)."})
+
+    def __post_init__(self):
+        if self.rlmt_format not in RLMT_FORMATS:
+            raise ValueError(
+                f"rlmt_format={self.rlmt_format!r}: use 'instruct' (chat models) or 'zero' (base models)."
+            )
+        if self.reward_model_batch_size < 1:
+            raise ValueError(f"reward_model_batch_size={self.reward_model_batch_size} must be >= 1.")
+        if self.stop_strings is None:
+            self.stop_strings = [ZERO_STOP_STRING] if self.rlmt_format == "zero" else []
+        elif isinstance(self.stop_strings, str):
+            self.stop_strings = [self.stop_strings]
+        super().__post_init__()  # parses dict fields given as JSON strings (generation_kwargs) among others
+        if self.use_vllm and self.stop_strings:
+            # vLLM stops sampling at the stop string; RLMTTrainer cuts every completion after it anyway.
+            generation_kwargs = dict(self.generation_kwargs or {})
+            generation_kwargs.setdefault("stop", list(self.stop_strings))
+            self.generation_kwargs = generation_kwargs
+
+
+class RLMTTrainer(ExtGRPOTrainer):
+    """GRPO with thinking before the response and a reward model that scores the response only (SPEC §5).
+
+    Use it like `GRPOTrainer`. With ``reward_funcs=None`` the reward is a `RewardModelScorer` built from
+    ``args.reward_model_name_or_path``; any TRL reward functions may be passed instead (e.g. a
+    `RewardModelScorer` you configured, or a `ServedRewardModelScorer`). A bare reward *model* is refused: TRL would
+    score the plan with the response.
+
+    Metrics added: ``rlmt/stop_cut_ratio`` (completions cut at a stop string) and, from the scorers,
+    ``<scorer name>/malformed_ratio`` and ``<scorer name>/response_score_mean``.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        reward_funcs: Any = None,
+        args: RLMTConfig | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        *pargs: Any,
+        **kwargs: Any,
+    ):
+        if args is None:
+            name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "") or "model"
+            args = RLMTConfig(f"{name.rstrip('/').split('/')[-1]}-RLMT")
+        if not isinstance(args, RLMTConfig):
+            raise TypeError(
+                f"RLMTTrainer needs args=trl_ext.RLMTConfig(...) (the format and reward-model settings), got "
+                f"{type(args).__name__}."
+            )
+        if reward_funcs is None:
+            if args.reward_model_name_or_path is None:
+                raise ValueError(
+                    "RLMTTrainer has no reward: set RLMTConfig(reward_model_name_or_path=...) or pass reward_funcs "
+                    "(e.g. a RewardModelScorer or ServedRewardModelScorer)."
+                )
+            reward_funcs = RewardModelScorer(
+                args.reward_model_name_or_path,
+                format=args.rlmt_format,
+                strict=args.strict_format,
+                malformed_reward=args.malformed_reward,
+                malformed_margin=args.malformed_margin,
+                starts_in_thinking=args.starts_in_thinking,
+                device=args.reward_model_device,
+                dtype=args.reward_model_dtype,
+                batch_size=args.reward_model_batch_size,
+                max_length=args.reward_model_max_length,
+                system_prompt=args.rlmt_system_prompt,
+            )
+        for func in reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]:
+            if isinstance(func, (str, torch.nn.Module)):
+                raise TypeError(
+                    "RLMTTrainer does not take a reward model directly: TRL would score the whole completion, plan "
+                    "included. Wrap it: reward_funcs=RewardModelScorer(model, tokenizer, "
+                    f"format={args.rlmt_format!r})."
+                )
+        if args.apply_rlmt_format:
+            train_dataset = self._format(train_dataset, args)
+            if isinstance(eval_dataset, dict):
+                eval_dataset = {key: self._format(value, args) for key, value in eval_dataset.items()}
+            else:
+                eval_dataset = self._format(eval_dataset, args)
+        self._stop_counts = [0, 0]
+        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *pargs, **kwargs)
+
+    @staticmethod
+    def _format(dataset: Any, args: RLMTConfig) -> Any:
+        if dataset is None:
+            return dataset
+        if not hasattr(dataset, "map") or "prompt" not in (getattr(dataset, "column_names", None) or []):
+            logger.warning(
+                "RLMTTrainer could not rewrite the prompts of a %s without a known 'prompt' column into the RLMT "
+                "format; format them with trl_ext.rewards.rlmt_format_dataset and set apply_rlmt_format=False.",
+                type(dataset).__name__,
+            )
+            return dataset
+        return rlmt_format_dataset(
+            dataset,
+            args.rlmt_format,
+            system_prompt=args.rlmt_system_prompt,
+            original_prompt_column=ORIGINAL_PROMPT_COLUMN,
+        )
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        completion_ids, logprobs = super()._generate_single_turn(
+            prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+        )
+        stops = self.args.stop_strings
+        if not stops:
+            return completion_ids, logprobs
+        tokenizer = getattr(self, "_tokenizer", None) or self.processing_class
+        cut_count = 0
+        new_ids, new_logprobs = [], [] if logprobs is not None else None
+        for row, ids in enumerate(completion_ids):
+            ids = list(ids)
+            keep = stop_token_cut(ids, tokenizer, stops)
+            if keep is not None and keep < len(ids):
+                cut_count += 1
+                ids = ids[:keep]
+            new_ids.append(ids)
+            if new_logprobs is not None:
+                new_logprobs.append(list(logprobs[row])[: len(ids)])
+        # Counted here, logged once per generation batch (this method may run a different number of times per rank
+        # in TRL's tool loop, so no collective call belongs here).
+        self._stop_counts[0] += cut_count
+        self._stop_counts[1] += len(completion_ids)
+        return new_ids, new_logprobs
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        self._stop_counts = [0, 0]
+        batch = super()._generate_and_score_completions(inputs)
+        if self.args.stop_strings:
+            mode = "train" if self.model.training else "eval"
+            counts = torch.tensor(self._stop_counts, dtype=torch.float32, device=self.accelerator.device)
+            totals = self.accelerator.reduce(counts, reduction="sum")
+            self._metrics[mode]["rlmt/stop_cut_ratio"].append((totals[0] / totals[1].clamp(min=1.0)).item())
+        return batch
