@@ -1,0 +1,60 @@
+"""Token-span LLM-judge credit (SPEC §2): markers, span validation, credit and λ cap, the judge and its client.
+
+The folder reads in pipeline order: `markers` (what the judge sees) → `judge` with `prompts` and `tools` (the
+conversation, over `client`) → `spans` (what it said, validated) → `credit` (what it is worth) → `audit` (what was
+recorded). The trainer that wires it into GRPO is `trl_ext.trainers.judge_credit.JudgeCreditTrainer`.
+"""
+
+from .audit import JudgeAuditLog, text_hash
+from .client import AsyncChatClient, BackgroundEventLoop, ChatCallError, ChatClientStats, ChatResult
+from .credit import DEFAULT_LABEL_SCORES, cap_credit, judge_share, per_token_advantages, span_credit
+from .judge import JudgeRequest, JudgeVerdict, SpanJudge, extract_final_answer
+from .markers import MarkedTrace, build_marked_trace, format_marker, insert_markers, strip_markers
+from .spans import (
+    DROP_REASONS,
+    DroppedSpan,
+    Span,
+    SpanParseError,
+    SpanValidation,
+    extract_span_list,
+    normalize_whitespace,
+    validate_spans,
+)
+from .tools import TOOL_NAMES, JudgeTools, PythonSandbox, ReplSandbox, tool_schemas
+
+__all__ = [
+    "DEFAULT_LABEL_SCORES",
+    "DROP_REASONS",
+    "TOOL_NAMES",
+    "AsyncChatClient",
+    "BackgroundEventLoop",
+    "ChatCallError",
+    "ChatClientStats",
+    "ChatResult",
+    "DroppedSpan",
+    "JudgeAuditLog",
+    "JudgeRequest",
+    "JudgeTools",
+    "JudgeVerdict",
+    "MarkedTrace",
+    "PythonSandbox",
+    "ReplSandbox",
+    "Span",
+    "SpanJudge",
+    "SpanParseError",
+    "SpanValidation",
+    "build_marked_trace",
+    "cap_credit",
+    "extract_final_answer",
+    "extract_span_list",
+    "format_marker",
+    "insert_markers",
+    "judge_share",
+    "normalize_whitespace",
+    "per_token_advantages",
+    "span_credit",
+    "strip_markers",
+    "text_hash",
+    "tool_schemas",
+    "validate_spans",
+]

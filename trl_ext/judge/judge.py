@@ -1,0 +1,240 @@
+"""The agentic span judge: one conversation per rollout, bounded tool rounds, validated spans (SPEC §2).
+
+`SpanJudge.judge` sends the question, the marked trace, the final answer, the verifier's verdict and the reference
+(when the dataset has one) to an OpenAI-compatible endpoint through `AsyncChatClient`. The judge may call tools
+(`trl_ext.judge.tools`) for at most ``max_tool_rounds`` rounds; then it must answer with spans (JSON schema
+structured output on that tool-free request where the endpoint supports it; a tolerant parser always). Its spans
+are validated against the real token text (`trl_ext.judge.spans.validate_spans`).
+
+`SpanJudge.judge` never raises for a judge fault: an endpoint that fails after its retries gives
+``status="failed"``, an answer with no JSON (after one repair request) gives ``status="unparseable"``; both mean
+zero credit for the rollout, and the caller counts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .client import AsyncChatClient, ChatCallError
+from .credit import DEFAULT_LABEL_SCORES
+from .markers import MarkedTrace
+from .prompts import FINAL_ROUND_PROMPT, REPAIR_PROMPT, SPANS_RESPONSE_FORMAT, build_messages
+from .spans import DroppedSpan, Span, SpanParseError, extract_span_list, validate_spans
+from .tools import TOOL_NAMES, JudgeTools, PythonSandbox, ReplSandbox
+
+logger = logging.getLogger(__name__)
+
+VERDICT_STATUSES = ("ok", "failed", "unparseable")
+
+
+@dataclass
+class JudgeRequest:
+    """Everything the judge sees about one rollout.
+
+    Attributes:
+        trace: the completion with its token markers (`trl_ext.judge.markers.build_marked_trace`).
+        question: the task, as the policy saw it (the last user message).
+        final_answer: the rollout's final answer (`extract_final_answer`), if any.
+        verdict: the verifier's verdict as text, e.g. ``"accuracy_reward = 1"``.
+        reference_answer: the dataset's reference answer, when it has one.
+        reference_solution: the dataset's worked solution, when it has one.
+    """
+
+    trace: MarkedTrace
+    question: str
+    final_answer: str | None = None
+    verdict: str | None = None
+    reference_answer: str | None = None
+    reference_solution: str | None = None
+
+
+@dataclass
+class JudgeVerdict:
+    """What the judge said about one rollout.
+
+    Attributes:
+        status: ``"ok"``, ``"failed"`` (endpoint error after retries, or an internal error) or ``"unparseable"``.
+        spans: validated spans (empty unless ``status == "ok"``).
+        dropped: spans rejected by validation, with reasons.
+        latency_s: wall time of the whole conversation.
+        requests: chat requests sent (retries included).
+        tool_calls: tool calls executed.
+        error: what went wrong, for ``"failed"``/``"unparseable"``.
+        raw_output: the judge's last text reply (for the audit log).
+    """
+
+    status: str
+    spans: list[Span] = field(default_factory=list)
+    dropped: list[DroppedSpan] = field(default_factory=list)
+    latency_s: float = 0.0
+    requests: int = 0
+    tool_calls: int = 0
+    error: str | None = None
+    raw_output: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_record(self) -> dict[str, Any]:
+        """A JSON-serialisable summary for the audit log."""
+        return {
+            "status": self.status,
+            "spans": [span.to_dict() for span in self.spans],
+            "dropped": [d.to_dict() for d in self.dropped],
+            "latency_s": round(self.latency_s, 4),
+            "requests": self.requests,
+            "tool_calls": self.tool_calls,
+            "error": self.error,
+            "raw_output": None if self.raw_output is None else self.raw_output[:4000],
+        }
+
+
+def extract_final_answer(text: str, max_chars: int = 300) -> str | None:
+    """The rollout's final answer: the content of the last ``\\boxed{...}``, else the last non-empty line."""
+    start = text.rfind("\\boxed{")
+    if start >= 0:
+        depth, begin = 0, start + len("\\boxed")
+        for position in range(begin, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[position], 0)
+            if depth == 0:
+                return text[begin + 1 : position][:max_chars]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:max_chars] if lines else None
+
+
+class SpanJudge:
+    """An LLM judge that marks token spans of rollouts.
+
+    Args:
+        client: the endpoint (`AsyncChatClient`); share one between judges to share its concurrency bound.
+        label_scores: label -> score table (keys are the labels the judge may use); default SPEC §2.
+        tools: names of the tools offered (subset of `trl_ext.judge.tools.TOOL_NAMES`); empty for none.
+        max_tool_rounds: rounds of tool calls before the judge must answer.
+        max_tool_calls_per_round: tool calls executed per round; extra ones get an error message.
+        python_factory: makes the sandbox of one conversation for ``run_python``/``check_equivalent`` (default
+            `ReplSandbox`: the RLM scaffold's `PythonREPL`, started only if the judge calls one of them).
+        python_timeout: seconds per sandboxed run.
+    """
+
+    def __init__(
+        self,
+        client: AsyncChatClient,
+        *,
+        label_scores: Mapping[str, float] | None = None,
+        tools: Sequence[str] = TOOL_NAMES,
+        max_tool_rounds: int = 4,
+        max_tool_calls_per_round: int = 8,
+        python_factory: Callable[[], PythonSandbox] = ReplSandbox,
+        python_timeout: float = 10.0,
+    ):
+        if max_tool_rounds < 0:
+            raise ValueError(f"max_tool_rounds={max_tool_rounds} must be >= 0 (0 = answer without tools).")
+        self.client = client
+        self.label_scores = dict(DEFAULT_LABEL_SCORES if label_scores is None else label_scores)
+        if not self.label_scores:
+            raise ValueError("label_scores is empty: give at least one label -> score.")
+        self.tools = tuple(tools)
+        self.max_tool_rounds = max_tool_rounds
+        self.max_tool_calls_per_round = max_tool_calls_per_round
+        self.python_factory = python_factory
+        self.python_timeout = python_timeout
+
+    async def judge_many(self, requests: Sequence[JudgeRequest]) -> list[JudgeVerdict]:
+        """Judge rollouts concurrently (the client bounds how many requests are in flight)."""
+        return list(await asyncio.gather(*(self.judge(request) for request in requests)))
+
+    async def judge(self, request: JudgeRequest) -> JudgeVerdict:
+        """Judge one rollout. Never raises for a judge fault (see the module docstring)."""
+        started = time.perf_counter()
+        tools = JudgeTools(
+            request.trace, enabled=self.tools, python=self.python_factory(), python_timeout=self.python_timeout
+        )
+        verdict = JudgeVerdict(status="failed")
+        try:
+            await self._converse(request, tools, verdict)
+        except ChatCallError as error:
+            verdict.status, verdict.error = "failed", str(error)
+            verdict.requests += error.attempts
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # a judge fault must never stop training
+            logger.warning("Span judge crashed on a rollout (zero credit): %r", error, exc_info=True)
+            verdict.status, verdict.error = "failed", f"{type(error).__name__}: {error}"
+        finally:
+            await _close_quietly(tools)
+        if verdict.status != "ok":
+            verdict.spans = []
+        verdict.tool_calls = len(tools.calls)
+        verdict.latency_s = time.perf_counter() - started
+        return verdict
+
+    async def _converse(self, request: JudgeRequest, tools: JudgeTools, verdict: JudgeVerdict) -> None:
+        use_tools = bool(self.tools) and self.max_tool_rounds > 0
+        messages: list[dict[str, Any]] = build_messages(
+            question=request.question,
+            marked_trace=request.trace.marked,
+            num_tokens=request.trace.num_tokens,
+            final_answer=request.final_answer,
+            verdict=request.verdict,
+            reference_answer=request.reference_answer,
+            reference_solution=request.reference_solution,
+            label_scores=self.label_scores,
+            tool_names=list(self.tools) if use_tools else [],
+            max_rounds=self.max_tool_rounds if use_tools else 0,
+        )
+        rounds, repaired = 0, False
+        while True:
+            offer_tools = use_tools and rounds < self.max_tool_rounds
+            # Structured output only on tool-free requests: a JSON grammar would forbid tool calls on some servers.
+            result = await self.client.chat(
+                messages,
+                tools=tools.schemas if offer_tools else None,
+                response_format=None if offer_tools else SPANS_RESPONSE_FORMAT,
+            )
+            verdict.requests += result.attempts
+            if offer_tools and result.tool_calls:
+                rounds += 1
+                messages.append(result.message)
+                messages.extend(await self._run_tools(result.tool_calls, tools))
+                if rounds >= self.max_tool_rounds:
+                    messages.append({"role": "user", "content": FINAL_ROUND_PROMPT})
+                continue
+            verdict.raw_output = result.content or ""
+            try:
+                items = extract_span_list(verdict.raw_output)
+            except SpanParseError as error:
+                if repaired:
+                    verdict.status, verdict.error = "unparseable", str(error)
+                    return
+                repaired = True
+                rounds = self.max_tool_rounds  # the repair request offers no tools
+                messages.append({"role": "assistant", "content": verdict.raw_output})
+                messages.append({"role": "user", "content": REPAIR_PROMPT})
+                continue
+            validation = validate_spans(items, request.trace, self.label_scores)
+            verdict.status, verdict.spans, verdict.dropped = "ok", validation.valid, validation.dropped
+            return
+
+    async def _run_tools(self, calls: list[dict[str, Any]], tools: JudgeTools) -> list[dict[str, Any]]:
+        async def run(index: int, call: dict[str, Any]) -> dict[str, Any]:
+            function = call.get("function") or {}
+            if index >= self.max_tool_calls_per_round:
+                output = f"error: at most {self.max_tool_calls_per_round} tool calls per round; this one was skipped"
+            else:
+                output = await tools.call(str(function.get("name")), function.get("arguments") or "{}")
+            return {"role": "tool", "tool_call_id": call.get("id", f"call_{index}"), "content": output}
+
+        return list(await asyncio.gather(*(run(i, call) for i, call in enumerate(calls))))
+
+
+async def _close_quietly(tools: JudgeTools) -> None:
+    try:
+        await tools.aclose()
+    except Exception as error:  # closing a sandbox must not fail a verdict
+        logger.warning("Could not close the judge sandbox: %r", error)

@@ -1,0 +1,201 @@
+"""Parse and validate the judge's token spans (SPEC §2).
+
+The judge answers with ``{"spans": [{start, end, label, confidence, quote}, ...]}`` (or a bare array), token indices
+with ``end`` exclusive. `extract_span_list` finds that JSON in whatever the model wrote (code fences, prose around it);
+`validate_spans` keeps the spans that are well-formed and whose quote really is in the text of their tokens, and
+drops the others with a reason, so a confused or manipulated judge cannot put credit on tokens it did not read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .markers import MarkedTrace, strip_markers
+
+# Reasons a span is dropped, in the order they are checked.
+DROP_REASONS = (
+    "not_an_object",  # the list item is not a JSON object
+    "missing_field",  # one of start, end, label, confidence, quote is absent
+    "wrong_type",  # start/end not integers, confidence not a number, label/quote not strings
+    "out_of_range",  # start < 0 or end > number of completion tokens
+    "empty_or_reversed",  # start >= end
+    "unknown_label",  # label not in the label table
+    "bad_confidence",  # confidence outside [0, 1] (or NaN)
+    "quote_mismatch",  # quote (whitespace-normalised, markers removed) not found in the span's text
+)
+SPAN_FIELDS = ("start", "end", "label", "confidence", "quote")
+
+
+class SpanParseError(ValueError):
+    """The judge's output contains no JSON span list."""
+
+
+@dataclass(frozen=True)
+class Span:
+    """One validated judge span over completion tokens ``[start, end)``."""
+
+    start: int
+    end: int
+    label: str
+    confidence: float
+    quote: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "start": self.start,
+            "end": self.end,
+            "label": self.label,
+            "confidence": self.confidence,
+            "quote": self.quote,
+        }
+
+
+@dataclass(frozen=True)
+class DroppedSpan:
+    """A span the validator rejected: the raw item, the reason (one of `DROP_REASONS`) and a human-readable detail."""
+
+    reason: str
+    detail: str
+    item: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reason": self.reason, "detail": self.detail, "item": self.item}
+
+
+@dataclass
+class SpanValidation:
+    """Result of `validate_spans`: the kept spans and the dropped ones."""
+
+    valid: list[Span] = field(default_factory=list)
+    dropped: list[DroppedSpan] = field(default_factory=list)
+
+    def dropped_by_reason(self) -> dict[str, int]:
+        return dict(Counter(d.reason for d in self.dropped))
+
+
+_FENCE_RE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
+
+
+def extract_span_list(text: str) -> list[Any]:
+    """Find the span list in a judge reply.
+
+    Accepts ``{"spans": [...]}`` or a bare ``[...]``, alone, inside a code fence, or with prose around it. The first
+    JSON value that is such a list wins.
+
+    Raises:
+        SpanParseError: when the reply holds no such JSON (the caller counts the rollout as an unparseable verdict).
+    """
+    if not isinstance(text, str):
+        raise SpanParseError(f"Judge output must be a string, got {type(text).__name__}.")
+    candidates = [text, *(m.group(1) for m in _FENCE_RE.finditer(text))]
+    for candidate in candidates:
+        found = _spans_from_json(candidate.strip())
+        if found is not None:
+            return found
+    # Scan for embedded JSON: an object with "spans" wins, else the first list of objects (or empty list), so a
+    # citation like "[1]" in the prose before the answer is not mistaken for the span list.
+    decoder = json.JSONDecoder()
+    fallback: list[Any] | None = None
+    for match in re.finditer(r"[\[{]", text):
+        try:
+            value, _ = decoder.raw_decode(text, match.start())
+        except ValueError:
+            continue
+        if isinstance(value, dict) and isinstance(value.get("spans"), list):
+            return value["spans"]
+        if fallback is None and isinstance(value, list) and all(isinstance(item, dict) for item in value):
+            fallback = value
+    if fallback is not None:
+        return fallback
+    preview = text[:200].replace("\n", "\\n")
+    raise SpanParseError(
+        f"No JSON span list found in the judge output (starts with {preview!r}); the judge must answer "
+        '{"spans": [{"start": .., "end": .., "label": .., "confidence": .., "quote": ..}]}.'
+    )
+
+
+def _spans_from_json(candidate: str) -> list[Any] | None:
+    try:
+        return _as_span_list(json.loads(candidate))
+    except ValueError:
+        return None
+
+
+def _as_span_list(value: Any) -> list[Any] | None:
+    if isinstance(value, list):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("spans"), list):
+        return value["spans"]
+    return None
+
+
+def normalize_whitespace(text: str) -> str:
+    """Collapse every run of whitespace to one space and strip the ends."""
+    return " ".join(text.split())
+
+
+def validate_spans(items: Sequence[Any], trace: MarkedTrace, label_scores: Mapping[str, float]) -> SpanValidation:
+    """Keep the well-formed spans of ``items`` and drop the others, each with a reason from `DROP_REASONS`.
+
+    Args:
+        items: the raw list the judge returned (from `extract_span_list`).
+        trace: the completion the spans refer to; its `MarkedTrace.num_tokens` bounds the indices and
+            `MarkedTrace.span_text` is what a quote must be found in.
+        label_scores: known labels (only the keys are used here).
+
+    Returns:
+        `SpanValidation` with ``valid`` (in the judge's order) and ``dropped``.
+    """
+    result = SpanValidation()
+    for item in items:
+        reason, detail = _check_span(item, trace, label_scores)
+        if reason is None:
+            result.valid.append(
+                Span(
+                    start=item["start"],
+                    end=item["end"],
+                    label=item["label"],
+                    confidence=float(item["confidence"]),
+                    quote=item["quote"],
+                )
+            )
+        else:
+            result.dropped.append(DroppedSpan(reason=reason, detail=detail, item=item))
+    return result
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_span(item: Any, trace: MarkedTrace, label_scores: Mapping[str, float]) -> tuple[str | None, str]:
+    if not isinstance(item, dict):
+        return "not_an_object", f"expected a JSON object, got {type(item).__name__}"
+    missing = [name for name in SPAN_FIELDS if name not in item]
+    if missing:
+        return "missing_field", f"missing {missing}"
+    start, end, label, confidence, quote = (item[name] for name in SPAN_FIELDS)
+    if not (_is_int(start) and _is_int(end)):
+        return "wrong_type", f"start/end must be integers, got {start!r}/{end!r}"
+    if not isinstance(confidence, (int, float)) or isinstance(confidence, bool):
+        return "wrong_type", f"confidence must be a number, got {confidence!r}"
+    if not isinstance(label, str) or not isinstance(quote, str):
+        return "wrong_type", "label and quote must be strings"
+    if start < 0 or end > trace.num_tokens:
+        return "out_of_range", f"[{start}, {end}) outside [0, {trace.num_tokens})"
+    if start >= end:
+        return "empty_or_reversed", f"start {start} >= end {end}"
+    if label not in label_scores:
+        return "unknown_label", f"{label!r} not in {sorted(label_scores)}"
+    if math.isnan(confidence) or not 0.0 <= confidence <= 1.0:
+        return "bad_confidence", f"confidence {confidence!r} outside [0, 1]"
+    wanted = normalize_whitespace(strip_markers(quote))
+    if not wanted or wanted not in normalize_whitespace(trace.span_text(start, end)):
+        return "quote_mismatch", f"quote {quote[:80]!r} not in the text of tokens [{start}, {end})"
+    return None, ""

@@ -1,0 +1,296 @@
+"""Tools the span judge may call while reading a rollout (SPEC §2): view a token range, search the trace, run
+sandboxed Python, check two math expressions for equivalence with sympy.
+
+Every tool answers with a string and never raises: a bad call (unknown tool, malformed arguments, a crash, a
+timeout) comes back to the judge as ``"error: ..."`` so it can correct itself within its round budget.
+
+`run_python` and `check_equivalent` run in the RLM scaffold's sandbox, `trl_ext.rlm.PythonREPL` (`ReplSandbox`): one
+persistent interpreter per judge conversation (variables survive between the judge's calls), an allow-listed
+environment, a private working directory, rlimits, a private uid when the trainer runs as root, a wall-clock limit
+per call. The code comes from a model that has read untrusted text, so it is never executed in the trainer's
+process (sympy's ``parse_expr`` evaluates its input too, hence ``check_equivalent`` runs in the sandbox as well).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from .markers import MarkedTrace
+
+logger = logging.getLogger(__name__)
+
+TOOL_NAMES = ("view_tokens", "search_trace", "run_python", "check_equivalent")
+
+_TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
+    "view_tokens": {
+        "description": "Show completion tokens [start, end) (end exclusive) with a ⟦i⟧ marker before every token, "
+        "to find exact span boundaries. At most 256 tokens per call.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "start": {"type": "integer", "description": "first token index"},
+                "end": {"type": "integer", "description": "one past the last token index"},
+            },
+            "required": ["start", "end"],
+        },
+    },
+    "search_trace": {
+        "description": "Find a literal text (case-insensitive) in the trace. Returns up to 20 hits, each with the "
+        "index of the token where it starts and the surrounding text.",
+        "parameters": {
+            "type": "object",
+            "properties": {"pattern": {"type": "string", "description": "text to look for"}},
+            "required": ["pattern"],
+        },
+    },
+    "run_python": {
+        "description": "Run Python 3 code in a sandbox (no network, no files kept, a few seconds of CPU) and return "
+        "what it prints. sympy is available. Use it to recompute a step of the trace.",
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "a Python program; print the results"}},
+            "required": ["code"],
+        },
+    },
+    "check_equivalent": {
+        "description": "Check with sympy whether two math expressions are equal (plain or simple LaTeX: \\frac, "
+        "\\sqrt, ^, \\cdot, \\pi). Answers 'equivalent', 'not equivalent' or why it could not decide.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+
+
+def tool_schemas(names: Sequence[str] = TOOL_NAMES) -> list[dict[str, Any]]:
+    """OpenAI ``tools`` definitions for the named judge tools."""
+    unknown = [name for name in names if name not in _TOOL_SCHEMAS]
+    if unknown:
+        raise ValueError(f"Unknown judge tool(s) {unknown}; choose from {list(TOOL_NAMES)}.")
+    return [{"type": "function", "function": {"name": name, **_TOOL_SCHEMAS[name]}} for name in names]
+
+
+class PythonSandbox(Protocol):
+    """Runs Python programs for one judge conversation and returns their output as text; must not raise."""
+
+    async def run(self, code: str, timeout: float) -> str: ...
+
+    async def aclose(self) -> None: ...
+
+
+class ReplSandbox:
+    """`PythonSandbox` on `trl_ext.rlm.PythonREPL`, started on the first call and kept for the conversation.
+
+    Args:
+        memory_mb: address-space limit of the interpreter.
+        max_output_chars: characters of output returned to the judge.
+        **repl_kwargs: other `PythonREPL` arguments (e.g. ``isolation="namespace"`` for no network).
+    """
+
+    def __init__(self, memory_mb: int = 1024, max_output_chars: int = 4000, **repl_kwargs: Any):
+        self.memory_mb = memory_mb
+        self.max_output_chars = max_output_chars
+        self.repl_kwargs = repl_kwargs
+        self._repl: Any = None
+        self._lock: asyncio.Lock | None = None
+
+    async def run(self, code: str, timeout: float) -> str:
+        if self._lock is None:
+            self._lock = asyncio.Lock()  # one cell at a time: tool calls of a round may arrive together
+        async with self._lock:
+            return await self._run(code, timeout)
+
+    async def _run(self, code: str, timeout: float) -> str:
+        try:
+            if self._repl is None:
+                from ..rlm import PythonREPL
+
+                self._repl = await asyncio.to_thread(
+                    PythonREPL,
+                    timeout_s=timeout,
+                    memory_mb=self.memory_mb,
+                    max_output_chars=self.max_output_chars,
+                    **self.repl_kwargs,
+                )
+            result = await self._repl.aexecute(code)
+        except Exception as error:  # the sandbox failing must not take the judge down
+            logger.warning("Judge sandbox failed: %r", error)
+            return f"error: the sandbox failed ({type(error).__name__}: {error})"
+        text = result.stdout
+        if result.error:
+            text += ("\n" if text and not text.endswith("\n") else "") + result.error
+        return text.strip() or "(no output)"
+
+    async def aclose(self) -> None:
+        if self._repl is not None:
+            repl, self._repl = self._repl, None
+            await asyncio.to_thread(repl.close)
+
+
+# Runs inside the sandbox, in a function so that the judge's own variables in the persistent REPL are untouched.
+_CHECK_EQUIVALENT = r"""
+def __trl_ext_check_equivalent(a, b):
+    import re
+    import sympy
+    from sympy.parsing.sympy_parser import (
+        convert_xor, implicit_multiplication_application, parse_expr, standard_transformations,
+    )
+    transforms = standard_transformations + (implicit_multiplication_application, convert_xor)
+
+    def braced(s, i):
+        depth = 0
+        for j in range(i, len(s)):
+            depth += {{"{{": 1, "}}": -1}}.get(s[j], 0)
+            if depth == 0:
+                return s[i + 1 : j], j + 1
+        raise ValueError("unbalanced braces")
+
+    def latex(s):
+        s = s.strip().strip("$").strip()
+        for macro in ("\\boxed", "\\text", "\\mathrm"):
+            while macro + "{{" in s:
+                i = s.index(macro + "{{")
+                inner, k = braced(s, i + len(macro))
+                s = s[:i] + inner + s[k:]
+        while "\\frac{{" in s or "\\dfrac{{" in s:
+            i = s.index("\\dfrac{{") if "\\dfrac{{" in s else s.index("\\frac{{")
+            numerator, k = braced(s, s.index("{{", i))
+            denominator, k = braced(s, k)
+            s = s[:i] + "((" + numerator + ")/(" + denominator + "))" + s[k:]
+        while "\\sqrt{{" in s:
+            i = s.index("\\sqrt{{")
+            inner, k = braced(s, i + 5)
+            s = s[:i] + "sqrt(" + inner + ")" + s[k:]
+        for old, new in (("\\left", ""), ("\\right", ""), ("\\cdot", "*"), ("\\times", "*"), ("\\pi", "pi"),
+                         ("\\infty", "oo"), ("\\,", ""), ("{{", "("), ("}}", ")")):
+            s = s.replace(old, new)
+        return s
+
+    def parse(s):
+        s = latex(s)
+        if "=" in s:
+            left, right = s.split("=", 1)
+            return parse_expr(left, transformations=transforms) - parse_expr(right, transformations=transforms)
+        return parse_expr(s, transformations=transforms)
+
+    try:
+        x, y = parse(a), parse(b)
+    except Exception as error:
+        print("could not parse:", type(error).__name__, error)
+        return
+    difference = sympy.simplify(x - y)
+    print("equivalent" if difference == 0 else f"not equivalent: a - b simplifies to {{difference}}")
+
+__trl_ext_check_equivalent(*{payload})
+del __trl_ext_check_equivalent
+"""
+
+
+class JudgeTools:
+    """The judge's tools bound to one trace.
+
+    Args:
+        trace: the rollout being judged.
+        enabled: names of the tools offered (subset of `TOOL_NAMES`).
+        python: sandbox for ``run_python``/``check_equivalent`` of this conversation (default: a `ReplSandbox`,
+            started on first use); `aclose` it when the conversation ends.
+        python_timeout: wall-clock seconds per sandboxed run.
+        max_view_tokens: largest ``end - start`` ``view_tokens`` shows.
+        max_search_hits: hits ``search_trace`` returns.
+    """
+
+    def __init__(
+        self,
+        trace: MarkedTrace,
+        *,
+        enabled: Sequence[str] = TOOL_NAMES,
+        python: PythonSandbox | None = None,
+        python_timeout: float = 10.0,
+        max_view_tokens: int = 256,
+        max_search_hits: int = 20,
+    ):
+        tool_schemas(enabled)  # validates the names
+        self.trace = trace
+        self.enabled = tuple(enabled)
+        self.python = python if python is not None else ReplSandbox()
+        self.python_timeout = python_timeout
+        self.max_view_tokens = max_view_tokens
+        self.max_search_hits = max_search_hits
+        self.calls: list[dict[str, Any]] = []  # (name, arguments, output) of every call, for the audit log
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        return tool_schemas(self.enabled)
+
+    async def call(self, name: str, arguments: str | dict[str, Any]) -> str:
+        """Run tool ``name`` with JSON ``arguments``; returns its output or ``"error: ..."``."""
+        try:
+            args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
+            if not isinstance(args, dict):
+                raise ValueError("arguments must be a JSON object")
+        except ValueError as error:
+            output = f"error: arguments of {name} are not a JSON object ({error})"
+        else:
+            output = await self._dispatch(name, args)
+        self.calls.append({"name": name, "arguments": arguments, "output": output[:500]})
+        return output
+
+    async def _dispatch(self, name: str, args: dict[str, Any]) -> str:
+        if name not in self.enabled:
+            return f"error: unknown tool {name!r}; available: {list(self.enabled)}"
+        try:
+            if name == "view_tokens":
+                return self.view_tokens(args["start"], args["end"])
+            if name == "search_trace":
+                return self.search_trace(args["pattern"])
+            if name == "run_python":
+                return await self.python.run(str(args["code"]), self.python_timeout)
+            if name == "check_equivalent":
+                return await self.check_equivalent(str(args["a"]), str(args["b"]))
+        except KeyError as error:
+            return f"error: {name} needs the argument {error}"
+        except (TypeError, ValueError) as error:
+            return f"error: {error}"
+        except Exception as error:  # a tool must never take the judge down
+            logger.warning("Judge tool %s crashed: %r", name, error)
+            return f"error: {name} failed ({type(error).__name__}: {error})"
+        return f"error: unknown tool {name!r}"
+
+    def view_tokens(self, start: Any, end: Any) -> str:
+        n = self.trace.num_tokens
+        if not (isinstance(start, int) and isinstance(end, int)) or isinstance(start, bool) or isinstance(end, bool):
+            raise TypeError(f"start and end must be integers, got {start!r} and {end!r}")
+        if not 0 <= start < end <= n:
+            raise ValueError(f"need 0 <= start < end <= {n} (the trace has {n} tokens), got [{start}, {end})")
+        if end - start > self.max_view_tokens:
+            raise ValueError(f"at most {self.max_view_tokens} tokens per call, got {end - start}; narrow the range")
+        return self.trace.render(start, end)
+
+    def search_trace(self, pattern: Any) -> str:
+        if not isinstance(pattern, str) or not pattern.strip():
+            raise ValueError("pattern must be a non-empty string")
+        text, needle = self.trace.text.lower(), pattern.lower()
+        hits, position = [], text.find(needle)
+        while position >= 0 and len(hits) < self.max_search_hits:
+            token = self.trace.token_at_char(position)
+            context = self.trace.text[max(0, position - 40) : position + len(pattern) + 40].replace("\n", "\\n")
+            hits.append(f"token {token}: ...{context}...")
+            position = text.find(needle, position + 1)
+        if not hits:
+            return f"no match for {pattern!r}"
+        more = " (more hits not shown)" if position >= 0 else ""
+        return "\n".join(hits) + more
+
+    async def aclose(self) -> None:
+        """Close the sandbox (if it was started)."""
+        await self.python.aclose()
+
+    async def check_equivalent(self, a: str, b: str) -> str:
+        code = _CHECK_EQUIVALENT.format(payload=repr([a, b]))
+        return (await self.python.run(code, self.python_timeout)).strip()

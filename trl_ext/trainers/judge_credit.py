@@ -1,0 +1,684 @@
+"""`JudgeCreditTrainer`: an LLM judge marks token spans of each rollout; its credit is added to the per-token
+advantage under a λ cap (SPEC §2).
+
+The trainer is thin; the method lives in `trl_ext.judge`. Per generation batch:
+
+1. As soon as the completions exist (right after generation, before TRL's log-prob passes and rewards), the
+   completions are marked (`insert_markers`) and one judge conversation per rollout starts on a background event
+   loop — provided the verifier's verdict is already known. With ``judge_verdict_reward`` naming a reward function
+   (or ``"auto"`` with a single callable reward), that function runs first, alone, its value is the verdict, and
+   TRL later reuses the value instead of calling it again. With ``"total"`` the verdict is the weighted total
+   reward, so the judge starts once TRL has computed the rewards.
+2. While the judge works, TRL computes old/reference log-probs, the remaining rewards and the group advantages A.
+3. `process_scored_batch` waits for the verdicts, turns spans into credit (`span_credit`), caps each rollout
+   (`cap_credit`, λ = ``judge_lambda``) and sets ``advantages = A[:, None] + c`` (B, T).
+
+A judge fault (endpoint down, 429/5xx after retries, timeout, unparseable answer) gives that rollout zero credit,
+is counted in ``judge/failure_ratio`` and recorded in the audit log; the rollout keeps its outcome advantage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import math
+import os
+import statistics
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..judge.audit import JudgeAuditLog, text_hash
+from ..judge.client import STRUCTURED_OUTPUT_MODES, AsyncChatClient, BackgroundEventLoop
+from ..judge.credit import DEFAULT_LABEL_SCORES, cap_credit, per_token_advantages, span_credit
+from ..judge.judge import JudgeRequest, JudgeVerdict, SpanJudge, extract_final_answer
+from ..judge.markers import build_marked_trace
+from ..judge.tools import TOOL_NAMES
+from .ext_grpo import ExtGRPOConfig, ExtGRPOTrainer
+
+logger = logging.getLogger(__name__)
+
+AUDIT_FILE = "judge_audit.jsonl"
+
+
+@dataclass
+class JudgeCreditConfig(ExtGRPOConfig):
+    r"""
+    Configuration for [`JudgeCreditTrainer`]: every field of [`ExtGRPOConfig`], plus the span judge.
+
+    Defaults follow SPEC §2's reference run: `loss_type="ipo"` and `scale_rewards="none"` (Dr. GRPO, `A = r −
+    mean(group)`).
+
+    Parameters:
+        > Credit
+
+        judge_lambda (`float`, *optional*, defaults to `0.25`):
+            λ: per rollout, the judge's credit is scaled down when its mean |c_t| over completion tokens exceeds λ.
+            0.25 nudges (judge ≈ 6 % of the advantage mass), 1.0 ≈ 20 %. 0 turns the credit off while the judge
+            still runs and is audited (shadow mode).
+        label_scores (`dict[str, float]` or `str`, *optional*):
+            Label -> score (a dict or its JSON). Defaults to SPEC §2: `verified_correction` +1.0, `key_progress`
+            +0.5, `original_error` −1.0, `dependent_error` −0.5, `wasteful_loop` −0.25.
+        marker_every (`int`, *optional*, defaults to `64`):
+            Token markers `⟦i⟧` go at every line start and every `marker_every` tokens inside long lines.
+
+        > Judge endpoint (any OpenAI-compatible chat-completions server)
+
+        judge_base_url (`str`): e.g. `"http://127.0.0.1:8000/v1"` (vLLM) or `"https://api.openai.com/v1"`.
+        judge_model (`str`): the judge model's name at that endpoint.
+        judge_api_key_env (`str`, *optional*, defaults to `"OPENAI_API_KEY"`):
+            Environment variable holding the API key (never logged). Unset: a placeholder key is sent.
+        judge_max_concurrency (`int`, *optional*, defaults to `32`): judge requests in flight at once.
+        judge_timeout (`float`, *optional*, defaults to `120.0`): seconds one request may take.
+        judge_max_retries (`int`, *optional*, defaults to `3`): retries on 429/5xx/timeouts/connection errors.
+        judge_backoff_initial (`float`, *optional*, defaults to `1.0`) / judge_backoff_max (`float`, defaults to
+            `30.0`): exponential backoff between retries, seconds.
+        judge_structured_output (`str`, *optional*, defaults to `"auto"`):
+            `"auto"` sends a JSON schema `response_format` and drops it if the endpoint rejects it, `"on"` always
+            sends it, `"off"` never does (replies are parsed tolerantly either way).
+        judge_temperature (`float`, *optional*, defaults to `0.0`) / judge_max_tokens (`int` or `None`): sampling.
+
+        > Judge behaviour
+
+        judge_tools (`list[str]`, *optional*): tools offered, from `view_tokens`, `search_trace`, `run_python`,
+            `check_equivalent` (all by default; `[]` for none).
+        judge_max_tool_rounds (`int`, *optional*, defaults to `4`): tool-call rounds before the judge must answer.
+        judge_python_timeout (`float`, *optional*, defaults to `10.0`): seconds per sandboxed Python run.
+        judge_verdict_reward (`str`, *optional*, defaults to `"auto"`):
+            Where the verifier's verdict shown to the judge comes from: the name of a reward function (it runs
+            first and the judge starts right after generation, overlapping log-prob passes and the other rewards),
+            `"total"` (the weighted total reward; the judge starts after all rewards), or `"auto"` (the single
+            reward function when there is exactly one callable, else `"total"`).
+        judge_answer_column (`str`, *optional*, defaults to `"answer"`) / judge_solution_column (`str`, defaults
+            to `"solution"`): dataset columns with the reference answer / worked solution, shown when present.
+        judge_on_eval (`bool`, *optional*, defaults to `False`): also judge evaluation rollouts.
+        judge_audit_log (`bool`, *optional*, defaults to `True`): append every verdict to
+            `<output_dir>/judge_audit.jsonl` (other ranks: `judge_audit.rank<k>.jsonl`).
+    """
+
+    loss_type: str = field(
+        default="ipo",
+        metadata={"help": "Policy loss; SPEC §2's reference run uses 'ipo' (SPEC §3). Any ExtGRPOConfig loss works."},
+    )
+    scale_rewards: str = field(
+        default="none",
+        metadata={
+            "help": "Reward scaling of the group advantage. 'none' is Dr. GRPO (A = r − mean(group)), the outcome "
+            "advantage SPEC §2 adds the judge's credit to; 'group' and 'batch' divide by a std."
+        },
+    )
+    judge_lambda: float = field(
+        default=0.25,
+        metadata={
+            "help": "λ cap: per rollout, if mean |c_t| over completion tokens exceeds λ the credit is scaled by "
+            "λ / mean|c|. 0.25 nudges (≈ 6 % of advantage mass), 1.0 ≈ 20 %. 0 gives zero credit while the judge "
+            "still runs and is audited (a shadow mode to inspect a judge before trusting it)."
+        },
+    )
+    label_scores: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "Label -> score, as a dict or a JSON string. Default (SPEC §2): verified_correction 1.0, "
+            "key_progress 0.5, original_error -1.0, dependent_error -0.5, wasteful_loop -0.25."
+        },
+    )
+    marker_every: int = field(
+        default=64,
+        metadata={"help": "Markers ⟦i⟧ go at every line start and every `marker_every` tokens inside long lines."},
+    )
+    judge_base_url: str | None = field(
+        default=None,
+        metadata={"help": "OpenAI-compatible endpoint of the judge, e.g. 'http://127.0.0.1:8000/v1'. Required."},
+    )
+    judge_model: str | None = field(
+        default=None, metadata={"help": "Model name of the judge at judge_base_url. Required."}
+    )
+    judge_api_key_env: str = field(
+        default="OPENAI_API_KEY",
+        metadata={"help": "Name of the environment variable with the judge's API key (the key is never logged)."},
+    )
+    judge_max_concurrency: int = field(
+        default=32, metadata={"help": "Judge requests in flight at once (per process)."}
+    )
+    judge_timeout: float = field(
+        default=120.0, metadata={"help": "Seconds a single judge request may take (wall clock) before a retry."}
+    )
+    judge_max_retries: int = field(
+        default=3,
+        metadata={
+            "help": "Retries of a judge request on 429, 5xx, timeouts and connection errors; then the "
+            "rollout gets zero credit and is counted in judge/failure_ratio."
+        },
+    )
+    judge_backoff_initial: float = field(
+        default=1.0, metadata={"help": "Seconds before the first retry; doubles each retry (with jitter)."}
+    )
+    judge_backoff_max: float = field(
+        default=30.0, metadata={"help": "Cap on one backoff delay (Retry-After headers included), seconds."}
+    )
+    judge_structured_output: str = field(
+        default="auto",
+        metadata={
+            "help": "'auto': send a JSON-schema response_format and drop it if the endpoint rejects it; 'on': always; "
+            "'off': never. Replies are parsed tolerantly in every mode."
+        },
+    )
+    judge_temperature: float = field(default=0.0, metadata={"help": "Sampling temperature of the judge."})
+    judge_max_tokens: int | None = field(
+        default=None, metadata={"help": "Max tokens per judge reply (None: the endpoint's default)."}
+    )
+    judge_tools: list[str] = field(
+        default_factory=lambda: list(TOOL_NAMES),
+        metadata={
+            "help": "Tools offered to the judge: view_tokens, search_trace, run_python, check_equivalent. "
+            "Pass an empty list for none."
+        },
+    )
+    judge_max_tool_rounds: int = field(
+        default=4, metadata={"help": "Rounds of tool calls before the judge must answer with spans (0 = no tools)."}
+    )
+    judge_python_timeout: float = field(
+        default=10.0, metadata={"help": "Seconds per sandboxed run_python / check_equivalent call."}
+    )
+    judge_verdict_reward: str = field(
+        default="auto",
+        metadata={
+            "help": "Source of the verifier verdict shown to the judge: a reward function's name (run first, so the "
+            "judge overlaps the rest of scoring), 'total' (weighted total reward; the judge starts after all "
+            "rewards) or 'auto' (the only reward function if there is exactly one callable, else 'total')."
+        },
+    )
+    judge_answer_column: str = field(
+        default="answer",
+        metadata={"help": "Dataset column with the reference answer (shown to the judge if present)."},
+    )
+    judge_solution_column: str = field(
+        default="solution",
+        metadata={"help": "Dataset column with the worked reference solution (shown to the judge if present)."},
+    )
+    judge_on_eval: bool = field(
+        default=False, metadata={"help": "Also judge evaluation rollouts (costs judge calls; off by default)."}
+    )
+    judge_audit_log: bool = field(
+        default=True,
+        metadata={
+            "help": "Append every verdict (spans, dropped spans with reasons, latency) to "
+            "<output_dir>/judge_audit.jsonl."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.label_scores = _normalise_label_scores(self.label_scores)
+        if not self.judge_base_url or not str(self.judge_base_url).startswith(("http://", "https://")):
+            raise ValueError(
+                f"judge_base_url={self.judge_base_url!r}: set it to the judge's OpenAI-compatible endpoint, e.g. "
+                "'http://127.0.0.1:8000/v1' for a local vLLM server or 'https://api.openai.com/v1'."
+            )
+        if not self.judge_model:
+            raise ValueError("judge_model is not set: give the judge model's name at judge_base_url, e.g. 'gpt-4.1'.")
+        if not (self.judge_lambda >= 0) or math.isnan(self.judge_lambda):
+            raise ValueError(
+                f"judge_lambda={self.judge_lambda} must be >= 0: 0.25 nudges, 1.0 is strong, 0 disables the credit."
+            )
+        if isinstance(self.marker_every, bool) or not isinstance(self.marker_every, int) or self.marker_every < 1:
+            raise ValueError(f"marker_every={self.marker_every!r} must be an integer >= 1 (SPEC §2 uses ~64).")
+        for name in ("judge_max_concurrency",):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1.")
+        for name in ("judge_max_retries", "judge_max_tool_rounds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0.")
+        for name in ("judge_timeout", "judge_python_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be > 0 seconds.")
+        if not 0 <= self.judge_backoff_initial <= self.judge_backoff_max:
+            raise ValueError(
+                f"judge_backoff_initial={self.judge_backoff_initial} and judge_backoff_max={self.judge_backoff_max}: "
+                "need 0 <= judge_backoff_initial <= judge_backoff_max."
+            )
+        if self.judge_structured_output not in STRUCTURED_OUTPUT_MODES:
+            raise ValueError(
+                f"judge_structured_output={self.judge_structured_output!r}: use one of {list(STRUCTURED_OUTPUT_MODES)}."
+            )
+        unknown = [name for name in self.judge_tools if name not in TOOL_NAMES]
+        if unknown:
+            raise ValueError(f"judge_tools has unknown tool(s) {unknown}; choose from {list(TOOL_NAMES)} (or []).")
+        if self.judge_max_tokens is not None and self.judge_max_tokens < 1:
+            raise ValueError(f"judge_max_tokens={self.judge_max_tokens} must be >= 1 or None.")
+        if not self.judge_verdict_reward:
+            raise ValueError("judge_verdict_reward is empty: use 'auto', 'total' or a reward function's name.")
+        if self.scale_rewards != "none":
+            logger.warning(
+                "JudgeCreditConfig: scale_rewards=%r divides the outcome advantage by a std, so λ is no longer "
+                "relative to Dr. GRPO's A = r − mean(group) as in SPEC §2. Set scale_rewards='none' to match it.",
+                self.scale_rewards,
+            )
+
+
+def _normalise_label_scores(value: Any) -> dict[str, float]:
+    if value is None:
+        return dict(DEFAULT_LABEL_SCORES)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as error:
+            raise ValueError(
+                f"label_scores={value!r} is not JSON: pass a dict or e.g. '{{\"original_error\": -1.0}}' ({error})."
+            ) from None
+    if not isinstance(value, Mapping) or not value:
+        raise ValueError(f"label_scores={value!r} must be a non-empty mapping label -> score.")
+    scores: dict[str, float] = {}
+    for label, score in value.items():
+        if not isinstance(label, str) or not label:
+            raise ValueError(f"label_scores has a bad label {label!r}: labels are non-empty strings.")
+        if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+            raise ValueError(f"label_scores[{label!r}]={score!r} must be a finite number (e.g. -0.5).")
+        scores[label] = float(score)
+    return scores
+
+
+@dataclass
+class _PendingJudgement:
+    """Judge calls in flight for this rank's batch."""
+
+    requests: list[JudgeRequest]
+    futures: list[Future]
+    completion_ids: list[list[int]]  # judged tokens of each row (trailing EOS/pad removed)
+    verdicts_given: list[str]
+    prompt_hashes: list[str]
+    start_seconds: float = 0.0  # main-thread time spent marking the traces and submitting the calls
+
+
+class _CachedReward:
+    """Stands in for the verifier reward function inside TRL's `_calculate_rewards`, returning the values the
+    trainer computed right after generation (so the function runs once per batch)."""
+
+    def __init__(self, values: list[float], name: str):
+        self.values, self.__name__ = values, name
+
+    def __call__(self, prompts: list, completions: list, completion_ids: list, **kwargs: Any) -> list[float]:
+        if len(self.values) != len(prompts):
+            raise RuntimeError(
+                f"Cached verifier rewards have {len(self.values)} rows, the batch {len(prompts)}; this is a trl-ext "
+                "bug, please report it."
+            )
+        return self.values
+
+
+class JudgeCreditTrainer(ExtGRPOTrainer):
+    """GRPO with token-span LLM-judge credit (SPEC §2): ``A_t = A + cap_λ(c)_t``.
+
+    Use like `trl.GRPOTrainer` with a [`JudgeCreditConfig`]. Extra keyword argument ``judge``: a ready
+    `trl_ext.judge.SpanJudge` to use instead of the one built from the config (e.g. with a custom Python sandbox).
+
+    Metrics: ``judge/share`` (mean |c| / (mean |A| + mean |c|) over completion tokens), ``judge/spans_per_rollout``,
+    ``judge/invalid_span_ratio`` (dropped / returned spans), ``judge/failure_ratio`` (rollouts with no usable
+    verdict), ``judge/latency_p50`` (seconds per rollout conversation), ``judge/label/<name>`` (valid spans per
+    batch with that label), ``judge/wait_s`` (time the step waited for the judge after scoring) and
+    ``judge/blocking_s`` (all main-thread time the step spent on the judge: marking, submitting, waiting, credit,
+    audit log).
+    """
+
+    def __init__(self, model, reward_funcs=None, args: JudgeCreditConfig | None = None, *pargs, judge=None, **kwargs):
+        if not isinstance(args, JudgeCreditConfig):
+            raise TypeError(
+                "JudgeCreditTrainer needs its endpoint settings: pass args=JudgeCreditConfig(output_dir=..., "
+                f"judge_base_url=..., judge_model=...), got {type(args).__name__}."
+            )
+        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        if judge is None:
+            request_params: dict[str, Any] = {"temperature": args.judge_temperature}
+            if args.judge_max_tokens is not None:
+                request_params["max_tokens"] = args.judge_max_tokens
+            client = AsyncChatClient(
+                args.judge_base_url,
+                args.judge_model,
+                api_key_env=args.judge_api_key_env,
+                max_concurrency=args.judge_max_concurrency,
+                timeout=args.judge_timeout,
+                max_retries=args.judge_max_retries,
+                backoff_initial=args.judge_backoff_initial,
+                backoff_max=args.judge_backoff_max,
+                structured_output=args.judge_structured_output,
+                request_params=request_params,
+                seed=args.seed,
+            )
+            judge = SpanJudge(
+                client,
+                label_scores=args.label_scores,
+                tools=args.judge_tools,
+                max_tool_rounds=args.judge_max_tool_rounds,
+                python_timeout=args.judge_python_timeout,
+            )
+        elif not isinstance(judge, SpanJudge):
+            raise TypeError(f"judge must be a trl_ext.judge.SpanJudge, got {type(judge).__name__}.")
+        self.judge = judge
+        self._judge_loop = BackgroundEventLoop()
+        self._verdict_index = self._resolve_verdict_reward(args.judge_verdict_reward)
+        self._audit: JudgeAuditLog | None = None
+        if args.judge_audit_log and args.output_dir:
+            rank = self.accelerator.process_index
+            name = AUDIT_FILE if rank == 0 else AUDIT_FILE.replace(".jsonl", f".rank{rank}.jsonl")
+            self._audit = JudgeAuditLog(os.path.join(args.output_dir, name))
+        self._judge_inputs: list[dict[str, Any]] | None = None
+        self._pending: _PendingJudgement | None = None
+        self._verifier_cache: list[float] | None = None
+
+    @property
+    def judge_audit_path(self) -> str | None:
+        """Where this rank's verdicts are appended (None when the audit log is off)."""
+        return None if self._audit is None else self._audit.path
+
+    def _resolve_verdict_reward(self, setting: str) -> int | None:
+        """Index of the verifier reward function that runs early, or None for 'total'."""
+        callables = [not isinstance(func, nn.Module) for func in self.reward_funcs]
+        if setting == "total":
+            return None
+        if setting == "auto":
+            return 0 if len(self.reward_funcs) == 1 and callables[0] else None
+        if setting not in self.reward_func_names:
+            raise ValueError(
+                f"judge_verdict_reward={setting!r} is not a reward function of this trainer "
+                f"({self.reward_func_names}); use one of those names, 'auto' or 'total'."
+            )
+        index = self.reward_func_names.index(setting)
+        if not callables[index]:
+            raise ValueError(
+                f"judge_verdict_reward={setting!r} is a reward model; name a callable reward function (a verifier) "
+                "or use 'total'."
+            )
+        return index
+
+    def _judging(self) -> bool:
+        return self.model.training or self.args.judge_on_eval
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Starting the judge as early as TRL's flow allows
+    # ------------------------------------------------------------------------------------------------------------
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        self._judge_inputs, self._pending, self._verifier_cache = inputs, None, None
+        try:
+            return super()._generate_and_score_completions(inputs)
+        finally:
+            if self._pending is not None:  # an exception left calls in flight: do not leak them into the next batch
+                for future in self._pending.futures:
+                    future.cancel()
+            self._judge_inputs, self._pending, self._verifier_cache = None, None, None
+
+    def _generate(self, prompts: list):
+        output = super()._generate(prompts)
+        if self._judging() and self._verdict_index is not None and self._judge_inputs is not None:
+            completion_ids_list, completions, extra_fields = output[1], output[3], output[5]
+            values = self._run_verifier(prompts, completions, completion_ids_list, extra_fields)
+            self._verifier_cache = values
+            name = self.reward_func_names[self._verdict_index]
+            self._pending = self._start_judge(
+                prompts, completion_ids_list, self._judge_inputs, [_verdict_text(name, v) for v in values]
+            )
+        return output
+
+    def _run_verifier(self, prompts: list, completions: list, completion_ids_list: list, extra_fields: dict) -> list:
+        """Call the verifier reward function on this rank's rollouts, with the kwargs TRL would pass it."""
+        rows = [dict(row) for row in self._judge_inputs]
+        for i, row in enumerate(rows):  # TRL merges rollout_func extra fields into the rows before scoring
+            for key, values in (extra_fields or {}).items():
+                if isinstance(values, list):
+                    if i < len(values):
+                        row[key] = values[i]
+                else:
+                    row[key] = values
+        keys = [key for key in rows[0] if key not in ("prompt", "completion", "completion_ids")]
+        kwargs: dict[str, Any] = {key: [row.get(key) for row in rows] for key in keys}
+        kwargs.update(trainer_state=self.state, log_extra=self._log_completion_extra, log_metric=self._log_metric)
+        if self.environments is not None:
+            kwargs["environments"] = self.environments
+        func = self.reward_funcs[self._verdict_index]
+        call = dict(prompts=prompts, completions=completions, completion_ids=completion_ids_list, **kwargs)
+        if _is_async(func):
+            values = asyncio.run_coroutine_threadsafe(func(**call), self.async_loop).result()
+        else:
+            values = func(**call)
+        values = [math.nan if value is None else float(value) for value in values]
+        if len(values) != len(prompts):
+            raise ValueError(
+                f"The reward function '{self.reward_func_names[self._verdict_index]}' returned {len(values)} rewards "
+                f"for {len(prompts)} completions; return one per completion."
+            )
+        return values
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        cached, self._verifier_cache = self._verifier_cache, None
+        if cached is not None:
+            index = self._verdict_index
+            original = self.reward_funcs[index]
+            self.reward_funcs[index] = _CachedReward(cached, self.reward_func_names[index])
+            try:
+                rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            finally:
+                self.reward_funcs[index] = original
+        else:
+            rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self._judging() and self._pending is None:
+            totals = self._local_rewards(len(prompts)).tolist()
+            self._pending = self._start_judge(
+                prompts, completion_ids_list, inputs, [_verdict_text("reward", v) for v in totals]
+            )
+        return rewards_per_func
+
+    def _start_judge(
+        self, prompts: list, completion_ids_list: list, rows: list[dict[str, Any]], verdicts: list[str]
+    ) -> _PendingJudgement:
+        started = time.perf_counter()
+        stop_ids = {*self.eos_token_ids, self._tokenizer.pad_token_id}
+        requests, judged_ids = [], []
+        for prompt, ids, row, verdict in zip(prompts, completion_ids_list, rows, verdicts, strict=True):
+            ids = [int(t) for t in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+            while ids and ids[-1] in stop_ids:  # the judge reads the text, not the end-of-sequence tokens
+                ids.pop()
+            trace = build_marked_trace(self._tokenizer, ids, every=self.args.marker_every)
+            requests.append(
+                JudgeRequest(
+                    trace=trace,
+                    question=_question_text(prompt),
+                    final_answer=extract_final_answer(trace.text),
+                    verdict=verdict,
+                    reference_answer=_optional_text(row.get(self.args.judge_answer_column)),
+                    reference_solution=_optional_text(row.get(self.args.judge_solution_column)),
+                )
+            )
+            judged_ids.append(ids)
+        futures = [self._judge_loop.submit(self.judge.judge(request)) for request in requests]
+        return _PendingJudgement(
+            requests=requests,
+            futures=futures,
+            completion_ids=judged_ids,
+            verdicts_given=verdicts,
+            prompt_hashes=[text_hash(_prompt_text(p)) for p in prompts],
+            start_seconds=time.perf_counter() - started,
+        )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The hook: credit into per-token advantages
+    # ------------------------------------------------------------------------------------------------------------
+    def process_scored_batch(self, batch: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """Wait for the verdicts of this batch and set ``advantages = A[:, None] + cap_λ(c)`` (B, T)."""
+        batch = super().process_scored_batch(batch, inputs)
+        if not self._judging():
+            return batch
+        entered = time.perf_counter()
+        mode = "train" if self.model.training else "eval"
+        completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]
+        num_rows, length = completion_ids.shape
+        pending, self._pending = self._pending, None
+        if pending is None or not self._aligned(pending, completion_ids):
+            if pending is not None:
+                logger.warning("Judge calls do not match the scored batch's rows; judging the batch again.")
+                for future in pending.futures:
+                    future.cancel()
+            pending = self._judge_from_batch(batch, inputs)
+
+        waited = time.perf_counter()
+        verdicts = [_collect(future) for future in pending.futures]
+        waited = time.perf_counter() - waited
+
+        credit = torch.zeros(num_rows, length, dtype=torch.float32)
+        for row, verdict in enumerate(verdicts):
+            if verdict.ok and verdict.spans:
+                credit[row] = span_credit(verdict.spans, length, self.judge.label_scores)
+        loss_mask = completion_mask if batch.get("tool_mask") is None else completion_mask * batch["tool_mask"]
+        credit = cap_credit(credit, loss_mask.cpu(), self.args.judge_lambda)
+        advantages = batch["advantages"]
+        credit = credit.to(device=advantages.device, dtype=advantages.dtype)
+        if advantages.dim() == 1:
+            batch["advantages"] = per_token_advantages(advantages, credit)
+        else:  # an earlier hook already made them per-token
+            batch["advantages"] = advantages + credit
+        self._write_audit(mode, pending, verdicts)
+        blocking = pending.start_seconds + time.perf_counter() - entered
+        self._log_judge_metrics(mode, advantages, credit, loss_mask, verdicts, waited, blocking)
+        return batch
+
+    def _aligned(self, pending: _PendingJudgement, completion_ids: torch.Tensor) -> bool:
+        if len(pending.futures) != completion_ids.shape[0]:
+            return False
+        for row, ids in enumerate(pending.completion_ids):
+            if len(ids) > completion_ids.shape[1] or completion_ids[row, : len(ids)].tolist() != ids:
+                return False
+        return True
+
+    def _judge_from_batch(self, batch: dict[str, Any], inputs: list[dict[str, Any]]) -> _PendingJudgement:
+        """Start the judge from the scored batch itself (when the early start did not happen or does not match)."""
+        mask = batch["completion_mask"].bool()
+        ids = [row[m].tolist() for row, m in zip(batch["completion_ids"], mask)]
+        rewards = batch.get("rewards")
+        totals = rewards.tolist() if rewards is not None else [math.nan] * len(ids)
+        prompts = [row.get("prompt", "") for row in inputs]
+        return self._start_judge(prompts, ids, inputs, [_verdict_text("reward", v) for v in totals])
+
+    def _log_judge_metrics(
+        self,
+        mode: str,
+        advantages: torch.Tensor,
+        credit: torch.Tensor,
+        mask: torch.Tensor,
+        verdicts: list[JudgeVerdict],
+        waited: float,
+        blocking: float,
+    ) -> None:
+        device = self.accelerator.device
+        keep = mask.to(device=credit.device, dtype=credit.dtype)
+        outcome = advantages.abs() if advantages.dim() == 2 else advantages.abs().unsqueeze(1)
+        labels = list(self.judge.label_scores)
+        valid = sum(len(v.spans) for v in verdicts)
+        dropped = sum(len(v.dropped) for v in verdicts)
+        counts = [sum(1 for v in verdicts for s in v.spans if s.label == label) for label in labels]
+        local = torch.tensor(
+            [
+                float((credit.abs() * keep).sum()),
+                float((outcome.to(credit.dtype) * keep).sum()),
+                float(len(verdicts)),
+                float(valid),
+                float(dropped),
+                float(sum(not v.ok for v in verdicts)),
+                waited,
+                blocking,
+                *map(float, counts),
+            ],
+            device=device,
+        )
+        totals = self.accelerator.gather(local.unsqueeze(0)).view(-1, local.numel())
+        summed = totals.sum(dim=0).tolist()
+        credit_mass, outcome_mass, rollouts, valid, dropped, failures = summed[:6]
+        latencies = self.accelerator.gather(torch.tensor([v.latency_s for v in verdicts], device=device)).tolist()
+        metrics = self._metrics[mode]
+        total_mass = credit_mass + outcome_mass
+        metrics["judge/share"].append(credit_mass / total_mass if total_mass > 0 else 0.0)
+        metrics["judge/spans_per_rollout"].append(valid / max(rollouts, 1.0))
+        metrics["judge/invalid_span_ratio"].append(dropped / (valid + dropped) if valid + dropped else 0.0)
+        metrics["judge/failure_ratio"].append(failures / max(rollouts, 1.0))
+        metrics["judge/latency_p50"].append(statistics.median(latencies) if latencies else 0.0)
+        metrics["judge/wait_s"].append(float(totals[:, 6].max()))
+        metrics["judge/blocking_s"].append(float(totals[:, 7].max()))
+        for label, count in zip(labels, summed[8:]):
+            metrics[f"judge/label/{label}"].append(count)
+
+    def _write_audit(self, mode: str, pending: _PendingJudgement, verdicts: list[JudgeVerdict]) -> None:
+        if self._audit is None:
+            return
+        records = []
+        for row, (request, verdict) in enumerate(zip(pending.requests, verdicts)):
+            records.append(
+                {
+                    "step": self.state.global_step,
+                    "mode": mode,
+                    "rank": self.accelerator.process_index,
+                    "row": row,
+                    "prompt_hash": pending.prompt_hashes[row],
+                    "completion_hash": text_hash(request.trace.text),
+                    "num_tokens": request.trace.num_tokens,
+                    "verdict_given": pending.verdicts_given[row],
+                    "judge_model": self.judge.client.model,
+                    **verdict.to_record(),
+                }
+            )
+        try:
+            self._audit.write(records)
+        except OSError as error:  # a full disk must not stop training either
+            logger.warning("Could not append to the judge audit log %s: %s", self._audit.path, error)
+
+
+def _collect(future: Future) -> JudgeVerdict:
+    try:
+        return future.result()
+    except Exception as error:  # SpanJudge.judge does not raise; this guards against cancellation or a bug
+        logger.warning("A judge call ended with %r; the rollout gets zero credit.", error)
+        return JudgeVerdict(status="failed", error=f"{type(error).__name__}: {error}")
+
+
+def _is_async(func: Any) -> bool:
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
+
+
+def _verdict_text(name: str, value: float) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return f"{name}: not scored"
+    return f"{name} = {value:g} (the trainer's score of this rollout; higher is better)"
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return "" if content is None else str(content)
+
+
+def _question_text(prompt: Any) -> str:
+    """The task as the policy saw it: the last user message of a conversation, or the prompt string."""
+    if isinstance(prompt, list):
+        for message in reversed(prompt):
+            if isinstance(message, dict) and message.get("role") == "user":
+                return _content_text(message.get("content"))
+        return _content_text(prompt[-1].get("content")) if prompt and isinstance(prompt[-1], dict) else ""
+    return _content_text(prompt)
+
+
+def _prompt_text(prompt: Any) -> str:
+    if isinstance(prompt, list):
+        return json.dumps(
+            [m if isinstance(m, dict) else str(m) for m in prompt], ensure_ascii=False, sort_keys=True, default=str
+        )
+    return str(prompt)
+
+
+def _optional_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return text if text.strip() else None
