@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["ipo_keep_mask", "ipo_loss"]
+__all__ = ["importance_sampling_ratio", "ipo_keep_mask", "ipo_loss"]
 
 
 def ipo_keep_mask(logps: Tensor, old_logps: Tensor, threshold: float = 0.3) -> Tensor:
@@ -137,3 +137,33 @@ def ipo_loss(
             "num_tokens": num_tokens.to(torch.float32),
         }
     return loss, metrics
+
+
+def importance_sampling_ratio(
+    old_logps: Tensor,
+    sampling_logps: Tensor,
+    mask: Tensor,
+    *,
+    mode: str = "token_truncate",
+    clip_min: float | None = None,
+    clip_max: float | None = 3.0,
+) -> Tensor:
+    """TRL's vLLM importance-sampling correction ``π_old / π_sampler``, for rows a trainer built itself.
+
+    Same definition as `trl.GRPOTrainer` (``vllm_importance_sampling_mode``): token modes give ``(B, T)``
+    ratios, sequence modes one ``(B, 1)`` ratio from the summed log difference; ``*_truncate`` clamps to
+    ``[clip_min, clip_max]``, ``*_mask`` zeroes ratios outside it. NaN sampling log-probs (tokens the engine could
+    not score) and positions outside ``mask`` get a log difference of 0 (no correction).
+    """
+    modes = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+    if mode not in modes:
+        raise ValueError(f"mode must be one of {modes}, got {mode!r}.")
+    diff = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
+    if mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = diff.exp()
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    if mode.endswith("truncate"):
+        return ratio.clamp(min=low, max=high)
+    return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)

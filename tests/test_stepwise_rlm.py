@@ -1,0 +1,334 @@
+"""`StepwiseRLMTrainer`: the loss and gradient equal SPEC §1.3's J on scripted depth-2 trees; row accounting."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+
+from trl_ext.rlm import ScriptedGenerator
+from trl_ext.testing import build_tiny_model_and_tokenizer
+from trl_ext.trainers.stepwise_rlm import StepwiseRLMConfig, StepwiseRLMTrainer
+
+from .utils import cpu_config_kwargs
+
+_TASK_AND_TURN = re.compile(r"Task: (.*?)\n\nTurn (\d+) of", re.DOTALL)
+
+
+def code(source: str) -> str:
+    return f"```repl\n{source}\n```"
+
+
+# Tree of "root task": root spawns A, B, C (k=3); A spawns A1, A2 (k=2). Weights 1, 1/3, 1/6, 1/6, 1/3, 1/3.
+SCRIPT = {
+    "root task": [code("answers = rlm_query_batched(['sub A', 'sub B', 'sub C'])\nprint(answers)"), "FINAL({root})"],
+    "sub A": [code("x = rlm_query_batched(['leaf A1', 'leaf A2'])\nprint(x)"), "FINAL(A done)"],
+    "leaf A1": [code("print('a1')"), "FINAL(a1)"],
+    "leaf A2": [code("print('a2')"), code("print('a2 again')"), "FINAL(a2)"],
+    "sub B": [code("print(1)"), "FINAL(B)"],
+    "sub C": [code("print(2)"), code("print(3)"), "FINAL(C)"],
+    # a one-node tree for a second prompt (fewer rows)
+    "small task": [code("print(len(context))"), "FINAL({root})"],
+}
+TURNS_PER_TREE = {"root task": 2 + 2 + 2 + 3 + 2 + 3, "small task": 2}
+_VARIANT = re.compile(r"# variant (\d)")
+
+
+class VariantGenerator(ScriptedGenerator):
+    """Plays SCRIPT. Roots alternate between two variants, by their position in the first generator call (the
+    engine sends every root's first turn in task order): variant 0 answers "yes", variant 1 "no". Deterministic
+    whatever order the REPLs finish in, so group advantages are non-zero and reproducible."""
+
+    def __init__(self, tokenizer):
+        super().__init__(self._respond, tokenizer)
+        self.first_call = True
+
+    def generate(self, prompts):
+        if self.first_call:
+            self.first_call = False
+            texts = [self.tokenizer.decode(list(p), skip_special_tokens=False) for p in prompts]
+            self._variants = iter([i % 2 for i in range(len(texts))])
+        return super().generate(prompts)
+
+    def _respond(self, prompt: str) -> str:
+        last_user = prompt.rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0]
+        task, turn = _TASK_AND_TURN.search(last_user).groups()
+        action = SCRIPT[task][int(turn) - 1]
+        if int(turn) == 1 and task in ("root task", "small task"):
+            return action.replace("```repl\n", f"```repl\n# variant {next(self._variants)}\n")
+        if "{root}" in action:
+            return action.format(root="yes" if _VARIANT.search(prompt).group(1) == "0" else "no")
+        return action
+
+
+def scripted_generator(tokenizer) -> ScriptedGenerator:
+    return VariantGenerator(tokenizer)
+
+
+def yes_reward(completions, **kwargs):
+    return [1.0 if text.strip() == "yes" else 0.0 for text in completions]
+
+
+def make_trainer(tmp_path, prompts=("root task",), **overrides):
+    model, tokenizer = build_tiny_model_and_tokenizer(0, initializer_range=0.2)
+    settings = dict(max_depth=2, max_turns=4, loss_type="dapo", beta=0.0, max_steps=1, save_rollout_trees=True)
+    settings.update(overrides)
+    config = StepwiseRLMConfig(**cpu_config_kwargs(str(tmp_path), **settings))
+    dataset = Dataset.from_dict({"prompt": list(prompts) * 4, "context": ["abcdefgh"] * (4 * len(prompts))})
+    return StepwiseRLMTrainer(
+        model,
+        yes_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        generator=scripted_generator(tokenizer),
+    )
+
+
+def generation_inputs(prompt: str = "root task", count: int = 4) -> list[dict]:
+    return [{"prompt": prompt, "context": "abcdefgh"} for _ in range(count)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# J = mean_g L_subtree(root_g), evaluated directly
+# ----------------------------------------------------------------------------------------------------------------
+def turn_logps(model, turn) -> torch.Tensor:
+    ids = torch.tensor([turn.prompt_ids + turn.action_ids])
+    logits = model(input_ids=ids).logits[0, len(turn.prompt_ids) - 1 : -1]
+    return logits.log_softmax(-1).gather(-1, torch.tensor(turn.action_ids).unsqueeze(-1)).squeeze(-1)
+
+
+def node_loss(model, node, advantage: float, old_logps: dict, eps_low: float, eps_high: float) -> torch.Tensor:
+    """L_node(v): token mean over all of v's action tokens of the PPO-clip loss -min(ρA, clip(ρ)A)."""
+    token_losses = []
+    for index, turn in enumerate(node.turns):
+        ratio = torch.exp(turn_logps(model, turn) - old_logps[(node.id, index)])
+        clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
+        token_losses.append(-torch.min(ratio * advantage, clipped * advantage))
+    return torch.cat(token_losses).mean()
+
+
+def subtree_loss(model, tree, node_id: int, advantage: float, old_logps: dict, eps: tuple) -> torch.Tensor:
+    """L_subtree(v) = L_node(v) + (1/k_v) Σ_c L_subtree(c)  (SPEC §1.3)."""
+    node = tree.nodes[node_id]
+    loss = node_loss(model, node, advantage, old_logps, *eps)
+    if node.children:
+        children = [subtree_loss(model, tree, child, advantage, old_logps, eps) for child in node.children]
+        loss = loss + torch.stack(children).sum() / len(node.children)
+    return loss
+
+
+def grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.fixture(scope="module")
+def subtree_run(tmp_path_factory):
+    # num_iterations=2: the batch is reused after an update, so TRL keeps old log-probs and ratios move off 1
+    trainer = make_trainer(tmp_path_factory.mktemp("subtree"), num_iterations=2)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by train(); the loss below is one full step
+    batch = trainer._generate_and_score_completions(generation_inputs())
+    return trainer, batch
+
+
+def test_trees_are_the_scripted_depth_two_trees(subtree_run):
+    trainer, batch = subtree_run
+    assert len(trainer._rlm_trees) == 4
+    for tree in trainer._rlm_trees:
+        assert [node.task for node in tree.nodes] == ["root task", "sub A", "leaf A1", "leaf A2", "sub B", "sub C"]
+        assert tree.weights() == pytest.approx([1, 1 / 3, 1 / 6, 1 / 6, 1 / 3, 1 / 3])
+    assert sorted(tree.final_answer for tree in trainer._rlm_trees) == ["no", "no", "yes", "yes"]
+    assert batch["rewards"].tolist().count(1.0) == 4 * TURNS_PER_TREE["root task"] // 2
+
+
+def test_loss_and_gradient_equal_direct_subtree_objective(subtree_run):
+    trainer, batch = subtree_run
+    model = trainer.model
+    trees = trainer._rlm_trees
+    with torch.no_grad():  # the sampling-time policy's log-probs, then an "update" that moves every ratio
+        old_logps = [
+            {(node.id, i): turn_logps(model, turn) for node in tree.nodes for i, turn in enumerate(node.turns)}
+            for tree in trees
+        ]
+        generator = torch.Generator().manual_seed(0)
+        for param in model.parameters():
+            param.add_(0.1 * torch.randn(param.shape, generator=generator))
+
+    model.zero_grad()
+    loss = trainer.compute_loss(model, batch)
+    loss.backward()
+    trainer_grads = grads(model)
+    clip_rate = trainer._metrics["train"]["clip_ratio/region_mean"][-1]
+
+    advantages = dict(zip(batch["rlm_root"].tolist(), batch["advantages"].tolist()))
+    assert set(advantages) == {0, 1, 2, 3} and len(set(advantages.values())) == 2
+    eps = (trainer.epsilon_low, trainer.epsilon_high)
+    model.zero_grad()
+    objective = torch.stack(
+        [subtree_loss(model, tree, 0, advantages[g], old_logps[g], eps) for g, tree in enumerate(trees)]
+    ).mean()
+    objective.backward()
+    direct_grads = grads(model)
+
+    assert 0.0 < clip_rate < 1.0, "the perturbation should clip some tokens and not others"
+    assert abs(objective.item()) > 1e-3
+    assert loss.item() == pytest.approx(objective.item(), rel=1e-4)
+    assert trainer_grads.keys() == direct_grads.keys() and trainer_grads
+    for name in trainer_grads:  # float32 sums in another order (padded batch vs one sequence): ~1e-5 relative
+        error = (trainer_grads[name] - direct_grads[name]).norm() / direct_grads[name].norm()
+        assert error < 1e-4, f"{name}: relative gradient error {error:.2e}"
+
+
+def test_rows_are_every_turn_of_every_node_with_exact_prompts(subtree_run):
+    trainer, batch = subtree_run
+    real = ~batch["is_padding_row"]
+    assert int(real.sum()) == 4 * TURNS_PER_TREE["root task"]
+    tokenizer = trainer.processing_class
+    samples = [s for tree in trainer._rlm_trees for s in tree.turn_samples()]
+    for row, sample in enumerate(samples):
+        prompt = batch["prompt_ids"][row][batch["prompt_mask"][row].bool()].tolist()
+        action = batch["completion_ids"][row][batch["completion_mask"][row].bool()].tolist()
+        assert prompt == sample.prompt_ids and action == sample.action_ids
+    assert tokenizer.decode(samples[1].prompt_ids).count("REPL output") >= 1  # turn 2 sees turn 1's output
+
+
+def test_child_sampling_one_trains_one_child_per_parent(tmp_path):
+    trainer = make_trainer(tmp_path, child_sampling="one")
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions(generation_inputs())
+    real = ~batch["is_padding_row"]
+    for root in range(4):
+        rows = real & (batch["rlm_root"] == root)
+        nodes = set(batch["rlm_node"][rows].tolist())
+        tree = trainer._rlm_trees[root]
+        trained = sorted(nodes)
+        assert trained[0] == 0
+        for node in trained:  # every trained node with children has exactly one trained child
+            kids = [c for c in tree.nodes[node].children if c in nodes]
+            assert len(kids) == (1 if tree.nodes[node].children else 0)
+        assert int(rows.sum()) == sum(len(tree.nodes[n].turns) for n in nodes)
+    # with one child per parent every trained node weighs 1
+    counts = batch["completion_mask"].sum(-1).float()
+    node_tokens = {}
+    for i in torch.nonzero(real).flatten().tolist():
+        key = (int(batch["rlm_root"][i]), int(batch["rlm_node"][i]))
+        node_tokens[key] = node_tokens.get(key, 0) + counts[i]
+    weights = batch["loss_weights"].sum(-1)
+    scale = batch["completion_mask"][real].sum() / 4
+    for i in torch.nonzero(real).flatten().tolist():
+        key = (int(batch["rlm_root"][i]), int(batch["rlm_node"][i]))
+        assert weights[i].item() == pytest.approx((counts[i] / node_tokens[key] * scale).item(), rel=1e-5)
+
+
+def test_train_children_false_keeps_root_turns_only(tmp_path):
+    trainer = make_trainer(tmp_path, train_children=False)
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions(generation_inputs())
+    real = ~batch["is_padding_row"]
+    assert int(real.sum()) == 4 * 2
+    assert batch["rlm_depth"][real].tolist() == [0] * 8
+
+
+class RowRecordingTrainer(StepwiseRLMTrainer):
+    def process_scored_batch(self, batch, inputs):
+        batch = super().process_scored_batch(batch, inputs)
+        batch["row_id"] = torch.arange(len(batch["prompt_ids"]))
+        self.expected_rows = len(batch["prompt_ids"])
+        return batch
+
+    def _compute_loss(self, model, inputs):
+        self.seen.extend(inputs["row_id"][~inputs["is_padding_row"]].tolist())
+        return super()._compute_loss(model, inputs)
+
+
+@pytest.mark.parametrize("steps_per_generation", [1, 3, 5])
+def test_no_row_dropped_for_any_steps_per_generation(tmp_path, steps_per_generation):
+    model, tokenizer = build_tiny_model_and_tokenizer(0)
+    config = StepwiseRLMConfig(
+        **cpu_config_kwargs(
+            str(tmp_path),
+            max_depth=2,
+            max_turns=4,
+            beta=0.0,
+            per_device_train_batch_size=4,
+            steps_per_generation=steps_per_generation,
+            max_steps=steps_per_generation,
+        )
+    )
+    n = 4 * steps_per_generation
+    dataset = Dataset.from_dict({"prompt": ["root task", "small task"] * n, "context": ["abcdefgh"] * (2 * n)})
+    trainer = RowRecordingTrainer(
+        model,
+        yes_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        generator=scripted_generator(tokenizer),
+    )
+    trainer.seen = []
+    trainer.train()
+    assert sorted(trainer.seen) == list(range(trainer.expected_rows))
+    history = trainer.state.log_history[0]
+    for key in (
+        "rlm/turns_mean",
+        "rlm/children_mean",
+        "rlm/depth_max",
+        "rlm/rows_per_root",
+        "rlm/final_answer_rate",
+        "repl/error_rate",
+        "repl/timeout_rate",
+        "rlm/padding_rows",
+    ):
+        assert key in history, key
+    assert history["rlm/final_answer_rate"] == 1.0 and history["rlm/depth_max"] == 2.0
+
+
+def test_roots_without_an_answer_get_zero_reward(tmp_path):
+    def always_one(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    trainer = make_trainer(tmp_path, max_turns=1)  # every node is cut after turn 1: no answers at all
+    trainer.reward_funcs = [always_one]
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions(generation_inputs())
+    assert all(tree.final_answer is None for tree in trainer._rlm_trees)
+    assert batch["rewards"].abs().sum() == 0
+
+
+def test_config_validation(tmp_path):
+    with pytest.raises(ValueError, match="rlm_loss_normalization='subtree' needs"):
+        StepwiseRLMConfig(**cpu_config_kwargs(str(tmp_path), loss_type="grpo"))
+    StepwiseRLMConfig(**cpu_config_kwargs(str(tmp_path), loss_type="grpo", rlm_loss_normalization="token"))
+    with pytest.raises(ValueError, match="child_sampling"):
+        StepwiseRLMConfig(**cpu_config_kwargs(str(tmp_path), child_sampling="some"))
+    with pytest.raises(ValueError, match="max_turns"):
+        StepwiseRLMConfig(**cpu_config_kwargs(str(tmp_path), max_turns=0))
+
+
+@pytest.mark.slow
+def test_two_processes_with_unequal_rows_match_one_process(tmp_path):
+    script = Path(__file__).parent / "scripts" / "stepwise_ddp.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    losses = {}
+    for nproc in (1, 2):
+        out = tmp_path / f"nproc{nproc}"
+        result = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), str(script), str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        losses[nproc] = [float(x) for x in (out / "losses.txt").read_text().split()]
+    rows = (tmp_path / "nproc2" / "rows.txt").read_text().split()
+    assert len(set(rows)) == 2, f"the ranks should hold different row counts, got {rows}"
+    assert len(losses[1]) == 2
+    assert losses[2] == pytest.approx(losses[1], rel=1e-4, abs=1e-6)

@@ -1,0 +1,131 @@
+"""Pure functions for advantages and per-token loss weights of stepwise RLM training (SPEC §1.2-1.3).
+
+A root rollout is a tree of nodes (the root and the child RLMs it spawned); every turn of every trained node
+becomes one training row. Every row inherits its root's group advantage ``A_g``, and under the "subtree"
+normalisation each action token of node v carries the weight ``W(v) / n_v``, where ``W(v) = Π_{ancestors a}
+1/k_a`` (k_a: children of a) and n_v the action tokens of v. Summed over rows and divided by the number of roots,
+that is exactly ``J = mean_g L_subtree(root_g)`` with ``L_subtree(v) = L_node(v) + (1/k_v) Σ_c L_subtree(c)``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["broadcast_advantages", "stepwise_loss_weights", "trained_node_weights"]
+
+
+def _children(parents: Sequence[int | None]) -> list[list[int]]:
+    children: list[list[int]] = [[] for _ in parents]
+    for node, parent in enumerate(parents):
+        if parent is not None:
+            if not 0 <= parent < len(parents) or parent == node:
+                raise ValueError(f"parents[{node}] = {parent} is not another node's index in [0, {len(parents)}).")
+            children[parent].append(node)
+    return children
+
+
+def trained_node_weights(
+    parents: Sequence[int | None],
+    *,
+    train_children: bool = True,
+    child_sampling: str = "all",
+    rng: random.Random | None = None,
+) -> list[float | None]:
+    """Which nodes of a rollout tree are trained, and with what weight W(v).
+
+    Args:
+        parents: ``parents[i]`` is node i's parent index, None for the root; nodes in pre-order (parent first).
+        train_children: False trains the root's turns only.
+        child_sampling: ``"all"``: every node, ``W(v) = Π 1/k_a`` over its ancestors (SPEC §1.3).
+            ``"one"``: one uniformly drawn child per trained parent, recursively, each with weight 1 — an unbiased
+            one-sample estimate of ``(1/k) Σ_c L_subtree(c)`` (cheaper, noisier).
+        rng: the draw of ``"one"`` (seed it for reproducible runs).
+
+    Returns:
+        ``weights[i]``: W(node i), or None when node i is not trained.
+    """
+    if child_sampling not in ("all", "one"):
+        raise ValueError(f"child_sampling must be 'all' or 'one', got {child_sampling!r}.")
+    if not parents or parents[0] is not None or any(p is None for p in parents[1:]):
+        raise ValueError("parents must list one tree in pre-order: the root first (None), then its descendants.")
+    children = _children(parents)
+    weights: list[float | None] = [None] * len(parents)
+    weights[0] = 1.0
+    if not train_children:
+        return weights
+    rng = rng or random.Random(0)
+    stack = [0]
+    while stack:
+        node = stack.pop()
+        kids = children[node]
+        if not kids:
+            continue
+        if child_sampling == "one":
+            chosen = kids[rng.randrange(len(kids))]
+            weights[chosen] = weights[node]
+            stack.append(chosen)
+        else:
+            for child in kids:
+                weights[child] = weights[node] / len(kids)  # type: ignore[operator]
+                stack.append(child)
+    return weights
+
+
+def broadcast_advantages(root_advantages: Tensor, row_root: Tensor) -> Tensor:
+    """Give every row its root's advantage.
+
+    Args:
+        root_advantages: ``(R,)`` group advantage of each root rollout.
+        row_root: ``(N,)`` long, the index in ``root_advantages`` of each row's root.
+
+    Returns:
+        ``(N,)`` advantages, ``root_advantages[row_root]``.
+    """
+    if row_root.dim() != 1 or root_advantages.dim() != 1:
+        raise ValueError(
+            f"root_advantages must be (R,) and row_root (N,); got {tuple(root_advantages.shape)} and "
+            f"{tuple(row_root.shape)}."
+        )
+    if row_root.numel() and (row_root.min() < 0 or row_root.max() >= root_advantages.numel()):
+        raise ValueError(f"row_root indexes roots in [0, {root_advantages.numel()}); got {row_root.tolist()}.")
+    return root_advantages[row_root]
+
+
+def stepwise_loss_weights(
+    row_node_weight: Tensor,
+    row_node_tokens: Tensor,
+    completion_mask: Tensor,
+    *,
+    num_roots: int | Tensor,
+    num_tokens: int | Tensor,
+) -> Tensor:
+    """Per-token loss weights of the "subtree" normalisation, for a trainer that divides by ``num_tokens``.
+
+    A token-sum loss normalised by the batch's loss-token count (TRL's ``dapo``, ``cispo``, ``vespo``, and
+    ``ipo``) computes ``Σ_t w_t ℓ_t / num_tokens``. With ``w_t = W(v)/n_v · num_tokens/num_roots`` that is
+    ``Σ_v W(v) · mean_{t ∈ v} ℓ_t / num_roots = mean_g L_subtree(root_g)``.
+
+    Args:
+        row_node_weight: ``(N,)`` W(v) of the node each row (turn) belongs to.
+        row_node_tokens: ``(N,)`` n_v, the action tokens of that node over all its trained turns.
+        completion_mask: ``(N, T)`` the rows' action tokens.
+        num_roots: roots in the whole generation batch (all ranks).
+        num_tokens: loss tokens in the whole generation batch (all ranks), the loss's normaliser.
+
+    Returns:
+        ``(N, T)`` weights, zero outside ``completion_mask``.
+    """
+    if row_node_weight.shape != row_node_tokens.shape or row_node_weight.shape != completion_mask.shape[:1]:
+        raise ValueError(
+            f"row_node_weight {tuple(row_node_weight.shape)} and row_node_tokens {tuple(row_node_tokens.shape)} "
+            f"must be (N,) with N = completion_mask's rows {completion_mask.shape[0]}."
+        )
+    if (row_node_tokens <= 0).any():
+        raise ValueError("every trained node needs at least one action token (row_node_tokens > 0).")
+    scale = torch.as_tensor(num_tokens, dtype=torch.float32) / torch.as_tensor(num_roots, dtype=torch.float32)
+    per_row = row_node_weight.float() / row_node_tokens.float() * scale.to(row_node_weight.device)
+    return per_row.unsqueeze(1) * completion_mask.float()

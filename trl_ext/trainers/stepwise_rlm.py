@@ -1,0 +1,390 @@
+"""`StepwiseRLMTrainer`: Recursive-Language-Model rollouts trained turn by turn (SPEC §1.2-1.3).
+
+Flow of one generation batch (each rank, its own B = prompts × G rows):
+
+1. TRL calls our rollout function with the B prompts. `RLMEngine` runs B root RLM rollouts (and every child they
+   spawn) with the policy; each root's *completion* for TRL is its final answer.
+2. TRL scores the final answers with the reward functions (dataset columns included) and computes the group
+   advantages with its own ``scale_rewards``. Roots without an answer get reward 0 from every function.
+3. `process_scored_batch` replaces the B rows by one row per turn of every trained node: prompt = the exact ids
+   the generator saw, completion = the action. Every row inherits its root's advantage; under the "subtree"
+   normalisation its tokens carry ``W(v)/n_v`` so that the loss is ``mean_g L_subtree(root_g)``. Old, reference and
+   sampling log-probs are rebuilt for the new rows (turn prompts are not prefixes of each other).
+4. `ExtGRPOTrainer` pads the rows (none dropped, equal on all ranks) and computes the loss.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import pad, use_adapter
+
+from ..advantages import broadcast_advantages, stepwise_loss_weights, trained_node_weights
+from ..losses import importance_sampling_ratio
+from ..rlm import RLMEngine, RLMScaffoldConfig, RLMTask, RolloutTree
+from ..rlm.generators import TransformersGenerator, VLLMColocateGenerator, VLLMServerGenerator
+from .ext_grpo import ExtGRPOConfig, ExtGRPOTrainer
+
+logger = logging.getLogger(__name__)
+
+# Losses normalised by the generation batch's token count (`num_items_in_batch`): the "subtree" weights are exact.
+TOKEN_SUM_LOSS_TYPES = ("dapo", "cispo", "vespo", "ipo")
+
+
+@dataclass
+class StepwiseRLMConfig(ExtGRPOConfig):
+    r"""
+    Configuration for [`StepwiseRLMTrainer`]: every field of [`ExtGRPOConfig`] plus the RLM scaffold.
+
+    Parameters:
+        > Scaffold limits (SPEC §1.1)
+
+        max_turns, max_depth, max_children, max_total_children:
+            turns per node; deepest child depth (`rlm_query` degrades to `llm_query` there); children one
+            `rlm_query_batched` call may start; children in one root's tree.
+        repl_timeout_s, repl_memory_mb:
+            per-cell wall-clock limit and address-space limit of each sandboxed REPL.
+
+        > Training samples (SPEC §1.2-1.3)
+
+        train_children (`bool`, defaults to `True`): train the child nodes' turns too (False: root turns only).
+        child_sampling (`str`, defaults to `"all"`): `"all"` children with 1/k weights, or `"one"` uniformly drawn
+            child per parent (weight 1, unbiased, cheaper, noisier).
+        rlm_loss_normalization (`str`, defaults to `"subtree"`): `"subtree"` = SPEC §1.3 exactly (needs a loss
+            normalised by the batch's token count: `dapo`, `cispo`, `vespo` or `ipo`); `"token"` = every turn an
+            ordinary row under the loss type's own normalisation (for `dapo`/`ipo`: the plain token mean).
+
+        > Data and prompts
+
+        context_column (`str`, defaults to `"context"`): dataset column holding each task's REPL `context`.
+        rlm_system_prompt, rlm_first_user_prompt, rlm_user_prompt: override the scaffold's templates.
+        save_rollout_trees (`bool`, defaults to `True`): write every tree as JSON lines under
+            `output_dir/rlm_trees/` (the completions table links to them).
+    """
+
+    max_turns: int = field(default=10, metadata={"help": "RLM: turns per node before it ends without an answer."})
+    max_depth: int = field(
+        default=1, metadata={"help": "RLM: deepest child depth; at it, rlm_query degrades to llm_query (0: none)."}
+    )
+    max_children: int = field(default=4, metadata={"help": "RLM: children one rlm_query_batched call may start."})
+    max_total_children: int = field(default=64, metadata={"help": "RLM: child budget of one root's whole tree."})
+    repl_timeout_s: float = field(default=10.0, metadata={"help": "RLM: wall-clock limit of one REPL cell (s)."})
+    repl_memory_mb: int = field(default=1024, metadata={"help": "RLM: address-space limit of each REPL (MiB)."})
+    train_children: bool = field(default=True, metadata={"help": "Train the turns of child RLMs, not only roots'."})
+    child_sampling: str = field(
+        default="all", metadata={"help": "'all' children with 1/k weights, or 'one' drawn child per parent."}
+    )
+    rlm_loss_normalization: str = field(
+        default="subtree",
+        metadata={"help": "'subtree' (SPEC §1.3, 1/k_g weighting) or 'token' (plain token mean over all actions)."},
+    )
+    context_column: str = field(default="context", metadata={"help": "Dataset column with each task's context."})
+    rlm_system_prompt: str | None = field(default=None, metadata={"help": "Override the RLM system prompt."})
+    rlm_first_user_prompt: str | None = field(default=None, metadata={"help": "Override the turn-0 user prompt."})
+    rlm_user_prompt: str | None = field(default=None, metadata={"help": "Override the later turns' user prompt."})
+    save_rollout_trees: bool = field(
+        default=True, metadata={"help": "Write each rollout tree as JSON lines under output_dir/rlm_trees/."}
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.child_sampling not in ("all", "one"):
+            raise ValueError(f"child_sampling={self.child_sampling!r}: set 'all' (1/k weights) or 'one'.")
+        if self.rlm_loss_normalization not in ("subtree", "token"):
+            raise ValueError(f"rlm_loss_normalization={self.rlm_loss_normalization!r}: set 'subtree' or 'token'.")
+        if self.rlm_loss_normalization == "subtree" and self.loss_type not in TOKEN_SUM_LOSS_TYPES:
+            raise ValueError(
+                f"rlm_loss_normalization='subtree' needs a loss normalised by the batch's token count, not "
+                f"loss_type={self.loss_type!r}: set loss_type to one of {list(TOKEN_SUM_LOSS_TYPES)}, or "
+                "rlm_loss_normalization='token'."
+            )
+        self.scaffold_config()  # validates the scaffold limits now, with the scaffold's own messages
+
+    def scaffold_config(self) -> RLMScaffoldConfig:
+        overrides = {
+            "system_prompt": self.rlm_system_prompt,
+            "first_user_prompt": self.rlm_first_user_prompt,
+            "user_prompt": self.rlm_user_prompt,
+        }
+        return RLMScaffoldConfig(
+            max_turns=self.max_turns,
+            max_depth=self.max_depth,
+            max_children=self.max_children,
+            max_total_children=self.max_total_children,
+            repl_timeout_s=self.repl_timeout_s,
+            repl_memory_mb=self.repl_memory_mb,
+            **{key: value for key, value in overrides.items() if value is not None},
+        )
+
+
+class StepwiseRLMTrainer(ExtGRPOTrainer):
+    """Stepwise RLM training: every turn of every node a training row, children weighted 1/k (SPEC §1.2-1.3).
+
+    Use like `GRPOTrainer`; the dataset needs a ``prompt`` column (the task) and, optionally, the context column
+    (``context`` by default; without it the prompt is the context). Reward functions receive each root's final
+    answer as the completion, plus the dataset columns. Pass ``generator=`` to sample with your own
+    `trl_ext.rlm.Generator`; by default the trainer's model is used through transformers, or TRL's vLLM
+    (colocate or server) when ``use_vllm=True``.
+
+    Metrics: ``rlm/turns_mean`` (turns per node), ``rlm/children_mean`` (children per root), ``rlm/depth_max``,
+    ``rlm/rows_per_root``, ``rlm/final_answer_rate``, ``repl/error_rate``, ``repl/timeout_rate``,
+    ``rlm/padding_rows``.
+    """
+
+    def __init__(self, model, reward_funcs=None, args: StepwiseRLMConfig | None = None, *pargs, **kwargs):
+        if kwargs.get("rollout_func") is not None:
+            raise ValueError("StepwiseRLMTrainer generates with the RLM engine: do not pass rollout_func.")
+        if args is not None and not isinstance(args, StepwiseRLMConfig):
+            raise TypeError("Pass args=trl_ext.trainers.StepwiseRLMConfig(...) (it holds the RLM scaffold settings).")
+        if args is None:
+            args = StepwiseRLMConfig("StepwiseRLM")
+        self._rlm_generator = kwargs.pop("generator", None)
+        with warnings.catch_warnings():  # the rollout function is ours, not the user's experimental one
+            warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
+            super().__init__(model, reward_funcs, args, *pargs, rollout_func=_rlm_rollout, **kwargs)
+        self._rlm_config = args.scaffold_config()
+        self._rlm_rng = random.Random(args.seed + self.accelerator.process_index)
+        self._rlm_trees: list[RolloutTree] = []
+        self._rlm_inputs: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------------------------------------ rollouts
+    def make_generator(self):
+        """The policy's sampler for the engine: the ``generator=`` passed in, else transformers or TRL's vLLM."""
+        if self._rlm_generator is not None:
+            return self._rlm_generator
+        if not self.use_vllm:
+            return TransformersGenerator.from_trainer(self)
+        if self.vllm_mode == "colocate":
+            return VLLMColocateGenerator.from_trainer(self)
+        return VLLMServerGenerator.from_trainer(self)
+
+    def _generate_and_score_completions(self, inputs):
+        self._rlm_inputs = inputs  # the rollout function needs the context column, which TRL does not pass it
+        return super()._generate_and_score_completions(inputs)
+
+    def run_rollouts(self, prompts: list[Any]) -> dict[str, list]:
+        """Run one RLM tree per prompt; return TRL's rollout dict with each root's final answer as completion."""
+        contexts = [row.get(self.args.context_column) for row in self._rlm_inputs]
+        if len(contexts) != len(prompts):
+            contexts = [None] * len(prompts)
+        tasks = [RLMTask(prompt=_task_text(prompt), context=context) for prompt, context in zip(prompts, contexts)]
+        engine = RLMEngine(self.make_generator(), self.processing_class, self._rlm_config)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            trees = engine.run(tasks)
+        finally:
+            self.model.train(was_training)
+        self._rlm_trees = trees
+        self._rlm_stats = engine.stats
+        eos = self.processing_class.eos_token_id
+        answers = [tree.final_answer for tree in trees]
+        completion_ids = [
+            list(self.processing_class(answer, add_special_tokens=False)["input_ids"]) + [eos]
+            if answer is not None
+            else [eos]
+            for answer in answers
+        ]
+        if self.args.save_rollout_trees:
+            self._log_completion_extra("rlm_tree", self._save_trees(trees))
+        return {
+            "prompt_ids": [tree.root.turns[0].prompt_ids if tree.root.turns else [eos] for tree in trees],
+            "completion_ids": completion_ids,
+            "logprobs": [[0.0] * len(ids) for ids in completion_ids],  # placeholder rows, replaced by turns
+            "rlm_has_answer": [answer is not None for answer in answers],
+        }
+
+    def _save_trees(self, trees: list[RolloutTree]) -> list[str]:
+        """Append the trees to this step's JSON-lines file; return ``path#line`` references for the log table."""
+        folder = Path(self.args.output_dir) / "rlm_trees"
+        folder.mkdir(parents=True, exist_ok=True)
+        mode = "train" if self.model.training else "eval"
+        path = folder / f"{mode}-step{self.state.global_step:06d}-rank{self.accelerator.process_index}.jsonl"
+        start = len(path.read_text(encoding="utf-8").splitlines()) if path.exists() else 0
+        with path.open("a", encoding="utf-8") as handle:
+            for tree in trees:
+                handle.write(json.dumps(tree.to_dict(self.processing_class), ensure_ascii=False) + "\n")
+        return [f"{path}#{start + index}" for index in range(len(trees))]
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        # SPEC §1.1: a root that never answered gets reward 0, whatever the reward functions make of "".
+        has_answer = torch.tensor([bool(row.get("rlm_has_answer", True)) for row in inputs], device=rewards.device)
+        has_answer = self.accelerator.gather(has_answer)
+        rewards[~has_answer] = 0.0  # in place: the tensor the base trainer keeps for the hook
+        return rewards
+
+    # ------------------------------------------------------------------------------------------------ rows
+    def process_scored_batch(self, batch: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        trees = self._rlm_trees
+        if len(trees) != len(batch["prompt_ids"]):
+            raise RuntimeError(
+                f"{len(trees)} rollout trees for {len(batch['prompt_ids'])} rows: rollouts out of sync."
+            )
+        device = batch["completion_ids"].device
+        pad_id = self.processing_class.pad_token_id
+        rows = self._turn_rows(trees)
+        mode = "train" if self.model.training else "eval"
+        self._log_rlm_metrics(trees, len(rows), mode)
+
+        prompt_ids = pad([torch.tensor(r["prompt_ids"]) for r in rows], padding_value=pad_id, padding_side="left")
+        completion_ids = pad([torch.tensor(r["action_ids"]) for r in rows], padding_value=pad_id)
+        prompt_mask = pad(
+            [torch.ones(len(r["prompt_ids"]), dtype=torch.long) for r in rows], padding_value=0, padding_side="left"
+        )
+        completion_mask = pad([torch.ones(len(r["action_ids"]), dtype=torch.long) for r in rows], padding_value=0)
+        sampling_logps = pad([torch.tensor(r["logprobs"], dtype=torch.float32) for r in rows], padding_value=0.0)
+        row_root = torch.tensor([r["root"] for r in rows], device=device)
+        new: dict[str, Any] = {
+            "prompt_ids": prompt_ids.to(device),
+            "prompt_mask": prompt_mask.to(device),
+            "completion_ids": completion_ids.to(device),
+            "completion_mask": completion_mask.to(device),
+            "advantages": broadcast_advantages(batch["advantages"], row_root),
+            "rewards": broadcast_advantages(batch["rewards"], row_root),
+            "rlm_root": row_root,
+            "rlm_node": torch.tensor([r["node"] for r in rows], device=device),
+            "rlm_depth": torch.tensor([r["depth"] for r in rows], device=device),
+        }
+        if self.args.rlm_loss_normalization == "subtree":
+            num_tokens = self.accelerator.gather(completion_mask.sum().to(device)).sum()
+            num_roots = self.accelerator.gather(torch.tensor(len(trees), device=device)).sum()
+            new["loss_weights"] = stepwise_loss_weights(
+                torch.tensor([r["weight"] for r in rows], device=device),
+                torch.tensor([r["node_tokens"] for r in rows], device=device),
+                new["completion_mask"],
+                num_roots=num_roots,
+                num_tokens=num_tokens,
+            )
+        self._add_logps(new, batch, sampling_logps.to(device))
+        return new
+
+    def _turn_rows(self, trees: list[RolloutTree]) -> list[dict[str, Any]]:
+        """One dict per turn of every trained node, with its root index, node weight and node token count."""
+        rows = []
+        for root_index, tree in enumerate(trees):
+            weights = trained_node_weights(
+                tree.parents(),
+                train_children=self.args.train_children,
+                child_sampling=self.args.child_sampling,
+                rng=self._rlm_rng,
+            )
+            for node in tree.nodes:
+                node_tokens = sum(len(turn.action_ids) for turn in node.turns)
+                if weights[node.id] is None or node_tokens == 0:
+                    continue
+                for turn in node.turns:
+                    if not turn.action_ids:
+                        continue
+                    rows.append(
+                        {
+                            "prompt_ids": turn.prompt_ids,
+                            "action_ids": turn.action_ids,
+                            "logprobs": turn.logprobs,
+                            "root": root_index,
+                            "node": node.id,
+                            "depth": node.depth,
+                            "weight": weights[node.id],
+                            "node_tokens": node_tokens,
+                        }
+                    )
+        if not rows:
+            raise RuntimeError("No rollout produced a single action token: check the generator.")
+        return rows
+
+    @torch.no_grad()
+    def _add_logps(self, new: dict[str, Any], old_batch: dict[str, Any], sampling_logps: torch.Tensor) -> None:
+        """Old, reference and sampling log-probs of the new rows, where TRL had them for the old rows."""
+        input_ids = torch.cat([new["prompt_ids"], new["completion_ids"]], dim=1)
+        attention_mask = torch.cat([new["prompt_mask"], new["completion_mask"]], dim=1)
+        length = new["completion_ids"].size(1)
+        batch_size = self.args.per_device_train_batch_size if self.model.training else None
+
+        def logps(model) -> torch.Tensor:
+            with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+                return self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, length, batch_size)[0]
+
+        if old_batch.get("old_per_token_logps") is not None:
+            new["old_per_token_logps"] = logps(self.model)
+        if old_batch.get("ref_per_token_logps") is not None:
+            if self.ref_model is not None:
+                new["ref_per_token_logps"] = logps(self.ref_model)
+            else:
+                model = self.accelerator.unwrap_model(self.model)
+                with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
+                    new["ref_per_token_logps"] = logps(self.model)
+        if old_batch.get("sampling_per_token_logps") is not None:
+            new["sampling_per_token_logps"] = sampling_logps
+        if old_batch.get("importance_sampling_ratio") is not None:
+            new["importance_sampling_ratio"] = importance_sampling_ratio(
+                new["old_per_token_logps"],
+                sampling_logps,
+                new["completion_mask"],
+                mode=self.vllm_importance_sampling_mode,
+                clip_min=self.vllm_importance_sampling_clip_min,
+                clip_max=self.vllm_importance_sampling_clip_max,
+            )
+
+    def _log_rlm_metrics(self, trees: list[RolloutTree], num_rows: int, mode: str) -> None:
+        stats = self._rlm_stats
+        nodes = sum(len(tree.nodes) for tree in trees)
+        local = torch.tensor(
+            [
+                len(trees),
+                nodes,
+                sum(len(node.turns) for tree in trees for node in tree.nodes),
+                nodes - len(trees),
+                sum(tree.final_answer is not None for tree in trees),
+                num_rows,
+                stats.repl_cells,
+                stats.repl_errors,
+                stats.repl_timeouts,
+            ],
+            dtype=torch.float64,
+            device=self.accelerator.device,
+        )
+        roots, nodes, turns, children, answered, rows, cells, errors, timeouts = (
+            self.accelerator.gather(local.unsqueeze(0)).sum(0).tolist()
+        )
+        depth = torch.tensor(max(node.depth for tree in trees for node in tree.nodes), device=local.device)
+        metrics = self._metrics[mode]
+        metrics["rlm/turns_mean"].append(turns / nodes)
+        metrics["rlm/children_mean"].append(children / roots)
+        metrics["rlm/depth_max"].append(float(self.accelerator.gather(depth).max().item()))
+        metrics["rlm/rows_per_root"].append(rows / roots)
+        metrics["rlm/final_answer_rate"].append(answered / roots)
+        metrics["repl/error_rate"].append(errors / cells if cells else 0.0)
+        metrics["repl/timeout_rate"].append(timeouts / cells if cells else 0.0)
+
+    def _pad_rows(self, batch: dict[str, Any]) -> dict[str, Any]:
+        batch = super()._pad_rows(batch)
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["rlm/padding_rows"].append(self._metrics[mode]["batch/padding_rows"][-1])
+        return batch
+
+
+def _rlm_rollout(prompts: list[Any], trainer: StepwiseRLMTrainer) -> dict[str, list]:
+    """TRL ``rollout_func``: delegates to the trainer's RLM engine."""
+    return trainer.run_rollouts(prompts)
+
+
+def _task_text(prompt: Any) -> str:
+    """The task string of a dataset prompt: a plain string, or the last user message of a conversation."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        for message in reversed(prompt):
+            if message.get("role") == "user":
+                content = message.get("content")
+                if isinstance(content, list):  # typed content blocks
+                    content = " ".join(block.get("text", "") for block in content if isinstance(block, dict))
+                return str(content)
+    raise ValueError(f"Cannot read a task from prompt {prompt!r:.200}: use a string or a list of chat messages.")
