@@ -42,7 +42,7 @@ context before answering, and act now instead of describing what you would do.""
 
 RECURSION_NOTE = ""
 LEAF_RECURSION_NOTE = (
-    "Note: you are a sub-agent at the deepest level; here `rlm_query` and `rlm_query_batched` run plain "
+    "Note: no further sub-agents can start at this depth; here `rlm_query` and `rlm_query_batched` run plain "
     "`llm_query` completions.\n"
 )
 
