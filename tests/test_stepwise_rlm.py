@@ -41,27 +41,21 @@ _VARIANT = re.compile(r"# variant (\d)")
 
 
 class VariantGenerator(ScriptedGenerator):
-    """Plays SCRIPT. Roots alternate between two variants, by their position in the first generator call (the
-    engine sends every root's first turn in task order): variant 0 answers "yes", variant 1 "no". Deterministic
-    whatever order the REPLs finish in, so group advantages are non-zero and reproducible."""
+    """Plays SCRIPT. Roots alternate between two variants in the order their first turns reach the generator
+    (the engine sends every root's first turn in task order, in one call): variant 0 answers "yes", variant 1
+    "no". Deterministic whatever order the REPLs finish in, so group advantages are non-zero and reproducible."""
 
     def __init__(self, tokenizer):
         super().__init__(self._respond, tokenizer)
-        self.first_call = True
-
-    def generate(self, prompts):
-        if self.first_call:
-            self.first_call = False
-            texts = [self.tokenizer.decode(list(p), skip_special_tokens=False) for p in prompts]
-            self._variants = iter([i % 2 for i in range(len(texts))])
-        return super().generate(prompts)
+        self.roots_seen = 0
 
     def _respond(self, prompt: str) -> str:
         last_user = prompt.rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0]
         task, turn = _TASK_AND_TURN.search(last_user).groups()
         action = SCRIPT[task][int(turn) - 1]
         if int(turn) == 1 and task in ("root task", "small task"):
-            return action.replace("```repl\n", f"```repl\n# variant {next(self._variants)}\n")
+            variant, self.roots_seen = self.roots_seen % 2, self.roots_seen + 1
+            return action.replace("```repl\n", f"```repl\n# variant {variant}\n")
         if "{root}" in action:
             return action.format(root="yes" if _VARIANT.search(prompt).group(1) == "0" else "no")
         return action

@@ -320,6 +320,16 @@ def test_generator_returning_the_wrong_count_is_an_error():
         RLMEngine(Short(), TOKENIZER).run(["t"])
 
 
+def test_generator_raising_stop_iteration_fails_instead_of_hanging():
+    # StopIteration cannot cross an asyncio Future: unguarded, the run would wait forever.
+    class Exhausted:
+        def generate(self, prompts):
+            return [next(iter([]))]
+
+    with pytest.raises(GeneratorError, match="StopIteration"):
+        RLMEngine(Exhausted(), TOKENIZER).run(["t"])
+
+
 def test_engine_input_validation():
     with pytest.raises(TypeError, match="generate"):
         RLMEngine(object(), TOKENIZER)

@@ -239,7 +239,7 @@ class _Scheduler:
         try:
             prompts = [prompt_ids for prompt_ids, _, _ in batch]
             completions = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self.generator.generate, prompts
+                self._executor, _call_generator, self.generator, prompts
             )
             if not isinstance(completions, list) or len(completions) != len(batch):
                 raise GeneratorError(f"the generator returned {len(completions)} completions for {len(batch)} prompts")
@@ -300,6 +300,13 @@ class _Run:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task
+
+
+def _call_generator(generator: Generator, prompts: list[list[int]]) -> list[Completion]:
+    try:
+        return generator.generate(prompts)
+    except StopIteration as exc:  # cannot be set on a Future: asyncio would wait forever instead of failing
+        raise GeneratorError(f"the generator raised StopIteration ({exc!r})") from exc
 
 
 # ------------------------------------------------------------------------------------------------- engine
