@@ -1,0 +1,219 @@
+"""Stepwise RLM rows vs the same action tokens as flattened rows: step time and padding of the micro-batches.
+
+Both trainers run the same scripted multi-turn RLM trees (depth 2, uneven children) on the tiny model:
+
+- **stepwise**: `StepwiseRLMTrainer`, one row per turn of every node (each turn's prompt rebuilt: the history is
+  re-encoded every turn, SPEC §1.1).
+- **flat**: the same trees flattened into one row per node — the node's first prompt, then its actions and the
+  REPL observations between them (observations masked out of the loss with TRL's ``tool_mask``), trained by
+  `ExtGRPOTrainer`'s loss on the same advantages. Same action tokens, no repeated history.
+
+Padding fraction = padded tokens / processed tokens (rows × (prompt width + completion width)) over every
+micro-batch the loss sees; target < 25 %. Runs alternate in one process; prints a table and writes it into
+benchmarks/RESULTS.md.
+
+    python benchmarks/stepwise.py [--rounds 2] [--steps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+import torch  # noqa: E402
+from _results import machine, write_section  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
+from trl.trainer.utils import pad  # noqa: E402
+
+from tests.test_stepwise_rlm import scripted_generator, yes_reward  # noqa: E402
+from trl_ext.testing import build_tiny_model_and_tokenizer  # noqa: E402
+from trl_ext.trainers.stepwise_rlm import StepwiseRLMConfig, StepwiseRLMTrainer  # noqa: E402
+
+
+class PaddingMeter:
+    """Counts real and processed tokens of every micro-batch the loss sees."""
+
+    def __init__(self) -> None:
+        self.real = 0
+        self.processed = 0
+
+    def add(self, inputs) -> None:
+        rows = inputs["prompt_ids"].shape[0]
+        width = inputs["prompt_ids"].shape[1] + inputs["completion_ids"].shape[1]
+        self.processed += rows * width
+        self.real += int(inputs["prompt_mask"].sum() + inputs["completion_mask"].sum())
+
+    @property
+    def fraction(self) -> float:
+        return 1 - self.real / max(1, self.processed)
+
+
+class MeteredStepwise(StepwiseRLMTrainer):
+    """Counts padding, and the time spent generating (rollouts, rewards, row building), to subtract it."""
+
+    generation_s = 0.0
+
+    def _generate_and_score_completions(self, inputs):
+        start = time.perf_counter()
+        try:
+            return super()._generate_and_score_completions(inputs)
+        finally:
+            self.generation_s += time.perf_counter() - start
+
+    def _compute_loss(self, model, inputs):
+        self.meter.add(inputs)
+        return super()._compute_loss(model, inputs)
+
+
+class MeteredFlat(MeteredStepwise):
+    """One row per node: first prompt, then actions and observations, observations masked out (tool_mask)."""
+
+    def process_scored_batch(self, batch, inputs):
+        tokenizer = self.processing_class
+        device = batch["completion_ids"].device
+        prompts, completions, tool_masks, roots = [], [], [], []
+        for root, tree in enumerate(self._rlm_trees):
+            for node in tree.nodes:
+                ids, mask = [], []
+                for turn in node.turns:
+                    ids += turn.action_ids
+                    mask += [1] * len(turn.action_ids)
+                    if turn.observation is not None:
+                        text = f"<|im_start|>user\n{turn.observation}<|im_end|>\n<|im_start|>assistant\n"
+                        observation = tokenizer(text, add_special_tokens=False)["input_ids"]
+                        ids += observation
+                        mask += [0] * len(observation)
+                prompts.append(torch.tensor(node.turns[0].prompt_ids))
+                completions.append(torch.tensor(ids))
+                tool_masks.append(torch.tensor(mask))
+                roots.append(root)
+        pad_id = tokenizer.pad_token_id
+        row_root = torch.tensor(roots, device=device)
+        return {
+            "prompt_ids": pad(prompts, padding_value=pad_id, padding_side="left").to(device),
+            "prompt_mask": pad([torch.ones_like(p) for p in prompts], padding_side="left").to(device),
+            "completion_ids": pad(completions, padding_value=pad_id).to(device),
+            "completion_mask": pad([torch.ones_like(c) for c in completions]).to(device),
+            "tool_mask": pad(tool_masks, padding_value=0).to(device),
+            "advantages": batch["advantages"][row_root],
+            "num_items_in_batch": batch["num_items_in_batch"],
+        }
+
+
+class StepTimer(TrainerCallback):
+    """Per optimizer step: the training time (forward, backward, optimizer), generation excluded."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.trainer = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._start, self._generation = time.perf_counter(), self.trainer.generation_s
+
+    def on_step_end(self, args, state, control, **kwargs):
+        generation = self.trainer.generation_s - self._generation
+        self.times.append(time.perf_counter() - self._start - generation)
+
+
+def run(kind: str, steps: int, output_dir: str) -> tuple[list[float], PaddingMeter]:
+    model, tokenizer = build_tiny_model_and_tokenizer(0, hidden_size=64, intermediate_size=128)
+    config = StepwiseRLMConfig(
+        output_dir=output_dir,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        per_device_train_batch_size=4,
+        steps_per_generation=4,
+        gradient_accumulation_steps=4,
+        num_generations=4,
+        max_depth=2,
+        max_turns=4,
+        max_steps=steps,
+        learning_rate=0.0,  # identical rollouts for both trainers, step after step
+        logging_steps=1,
+        save_strategy="no",
+        save_rollout_trees=False,
+        rlm_loss_normalization="token",
+        seed=0,
+        disable_tqdm=True,
+    )
+    dataset = Dataset.from_dict({"prompt": ["root task", "small task"] * 8, "context": ["abcdefgh"] * 16})
+    trainer_cls = MeteredStepwise if kind == "stepwise" else MeteredFlat
+    timer = StepTimer()
+    trainer = trainer_cls(
+        model,
+        yes_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        generator=scripted_generator(tokenizer),
+        callbacks=[timer],
+    )
+    trainer.meter = PaddingMeter()
+    timer.trainer = trainer
+    trainer.train()
+    return timer.times[1:], trainer.meter
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per run (one generation each)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: steadier timings on a shared, noisy machine)"
+    )
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    kinds = ["stepwise", "flat"]
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    meters: dict[str, PaddingMeter] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_index in range(args.rounds):
+            for kind in kinds if round_index % 2 == 0 else kinds[::-1]:
+                step_times, meter = run(kind, args.steps, tmp)
+                times[kind] += step_times
+                meters[kind] = meter
+    medians = {kind: statistics.median(values) for kind, values in times.items()}
+    rows = [
+        f"| {kind} | {len(times[kind])} | {1000 * medians[kind]:.0f} | {meters[kind].real:,} | "
+        f"{meters[kind].processed:,} | {100 * meters[kind].fraction:.1f} % |"
+        for kind in kinds
+    ]
+    table = "\n".join(
+        [
+            "| rows | steps timed | median training time / step (ms) | real tokens / run | processed tokens / run | padding |",
+            "|---|---|---|---|---|---|",
+            *rows,
+        ]
+    )
+    ratio = medians["stepwise"] / medians["flat"]
+    padding = meters["stepwise"].fraction
+    verdict = "meets" if padding < 0.25 else "misses"
+    body = (
+        "## Stepwise RLM rows vs flattened rows\n\n"
+        f"`python benchmarks/stepwise.py --rounds {args.rounds} --steps {args.steps}` ({machine()}). Tiny Qwen2 "
+        "(hidden 64); scripted depth-2 trees (a 6-node tree of 14 turns and a 1-node tree of 2 turns per prompt), "
+        "16 roots per step in 4 micro-batches; learning rate 0 so both trainers see identical rollouts. Training "
+        "time = optimizer step minus generation (rollouts, rewards, row building: identical for both); first step "
+        "of each run not counted.\n\n"
+        f"{table}\n\n**Training-time ratio stepwise / flat: {ratio:.2f}**; **stepwise padding: {100 * padding:.1f} %** "
+        f"of processed tokens (target < 25 %: {verdict})."
+    )
+    print(table)
+    print(f"training-time ratio stepwise/flat: {ratio:.2f}; stepwise padding {100 * padding:.1f} % (target < 25 %)")
+    write_section("stepwise", body)
+
+
+if __name__ == "__main__":
+    main()
