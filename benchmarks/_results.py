@@ -10,7 +10,9 @@ from pathlib import Path
 import torch
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
-HEADER = "# Benchmark results\n\nEach section is written by the benchmark named in it; rerun it to refresh the numbers.\n"
+HEADER = (
+    "# Benchmark results\n\nEach section is written by the benchmark named in it; rerun it to refresh the numbers.\n"
+)
 
 
 def machine() -> str:

@@ -141,22 +141,13 @@ def step_overhead(
     base_url: str, steps: int, rounds: int, slow_reward_s: float, judge_latencies: list[float]
 ) -> list[dict]:
     """Median step time of each setup; runs alternate over ``rounds`` (rotating order) so machine noise hits all."""
+    from _timing import StepTimer
     from datasets import Dataset
-    from transformers import PrinterCallback, TrainerCallback
+    from transformers import PrinterCallback
 
     from trl_ext.testing import build_tiny_model_and_tokenizer
     from trl_ext.trainers.ext_grpo import ExtGRPOConfig, ExtGRPOTrainer
     from trl_ext.trainers.judge_credit import JudgeCreditConfig, JudgeCreditTrainer
-
-    class StepTimer(TrainerCallback):
-        def __init__(self) -> None:
-            self.times: list[float] = []
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            self._start = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.times.append(time.perf_counter() - self._start)
 
     def verifier(completions, **kwargs):
         return [sum(c.isdigit() for c in text) / max(1, len(text)) for text in completions]

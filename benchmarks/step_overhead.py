@@ -17,7 +17,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -25,25 +24,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import torch  # noqa: E402
 from _results import machine, write_section  # noqa: E402
+from _timing import GenerationTimer, StepTimer  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from transformers import TrainerCallback  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from trl_ext import ExtGRPOConfig, ExtGRPOTrainer  # noqa: E402
 from trl_ext.testing import build_tiny_model_and_tokenizer  # noqa: E402
-
-
-class GenerationTimer:
-    """Mixin: accumulates the time spent generating and scoring (identical work for every trainer here)."""
-
-    generation_s = 0.0
-
-    def _generate_and_score_completions(self, inputs):
-        start = time.perf_counter()
-        try:
-            return super()._generate_and_score_completions(inputs)
-        finally:
-            self.generation_s += time.perf_counter() - start
 
 
 class TimedGRPOTrainer(GenerationTimer, GRPOTrainer):
@@ -52,23 +38,6 @@ class TimedGRPOTrainer(GenerationTimer, GRPOTrainer):
 
 class TimedExtGRPOTrainer(GenerationTimer, ExtGRPOTrainer):
     pass
-
-
-class StepTimer(TrainerCallback):
-    """Per optimizer step: whole step time, and training time (the step minus generation and scoring)."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self.training_times: list[float] = []
-        self.trainer = None
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self._start, self._generation = time.perf_counter(), self.trainer.generation_s
-
-    def on_step_end(self, args, state, control, **kwargs):
-        elapsed = time.perf_counter() - self._start
-        self.times.append(elapsed)
-        self.training_times.append(elapsed - (self.trainer.generation_s - self._generation))
 
 
 def reward(completions, **kwargs):

@@ -22,7 +22,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -31,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 import torch  # noqa: E402
 from _results import machine, write_section  # noqa: E402
+from _timing import GenerationTimer, StepTimer  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from transformers import TrainerCallback  # noqa: E402
 from trl.trainer.utils import pad  # noqa: E402
 
 from tests.test_stepwise_rlm import scripted_generator, yes_reward  # noqa: E402
@@ -58,17 +57,8 @@ class PaddingMeter:
         return 1 - self.real / max(1, self.processed)
 
 
-class MeteredStepwise(StepwiseRLMTrainer):
-    """Counts padding, and the time spent generating (rollouts, rewards, row building), to subtract it."""
-
-    generation_s = 0.0
-
-    def _generate_and_score_completions(self, inputs):
-        start = time.perf_counter()
-        try:
-            return super()._generate_and_score_completions(inputs)
-        finally:
-            self.generation_s += time.perf_counter() - start
+class MeteredStepwise(GenerationTimer, StepwiseRLMTrainer):
+    """Counts the padding of every micro-batch; times generation (rollouts, rewards, row building) to subtract it."""
 
     def _compute_loss(self, model, inputs):
         self.meter.add(inputs)
@@ -110,21 +100,6 @@ class MeteredFlat(MeteredStepwise):
         }
 
 
-class StepTimer(TrainerCallback):
-    """Per optimizer step: the training time (forward, backward, optimizer), generation excluded."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self.trainer = None
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self._start, self._generation = time.perf_counter(), self.trainer.generation_s
-
-    def on_step_end(self, args, state, control, **kwargs):
-        generation = self.trainer.generation_s - self._generation
-        self.times.append(time.perf_counter() - self._start - generation)
-
-
 def run(kind: str, steps: int, output_dir: str) -> tuple[list[float], PaddingMeter]:
     model, tokenizer = build_tiny_model_and_tokenizer(0, hidden_size=64, intermediate_size=128)
     config = StepwiseRLMConfig(
@@ -162,7 +137,7 @@ def run(kind: str, steps: int, output_dir: str) -> tuple[list[float], PaddingMet
     trainer.meter = PaddingMeter()
     timer.trainer = trainer
     trainer.train()
-    return timer.times[1:], trainer.meter
+    return timer.training_times[1:], trainer.meter
 
 
 def main() -> None:
