@@ -1,10 +1,14 @@
+"""The `trl-ext` command line: subcommands, clear argument errors, the quickstart's report."""
+
+from __future__ import annotations
+
 import subprocess
 import sys
 
 import pytest
 
 from trl_ext import __version__
-from trl_ext.cli import main
+from trl_ext.cli import build_parser, format_quickstart_report, main
 
 
 def test_version_subprocess():
@@ -12,14 +16,170 @@ def test_version_subprocess():
     assert out.returncode == 0 and out.stdout.strip() == f"trl-ext {__version__}"
 
 
-def test_quickstart_runs_and_saves_the_adapter(tmp_path, capsys):
-    assert main(["quickstart", "--output-dir", str(tmp_path), "--steps", "2"]) == 0
+def test_help_lists_the_subcommands(capsys):
+    assert main([]) == 0
     printed = capsys.readouterr().out
-    assert "2 IPO GRPO steps" in printed
-    assert (tmp_path / "adapter" / "adapter_config.json").exists()
-    assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
+    for command in ("quickstart", "train", "push", "plot"):
+        assert command in printed
 
 
-def test_quickstart_rejects_bad_steps():
-    with pytest.raises(SystemExit, match="--steps must be >= 1"):
-        main(["quickstart", "--steps", "0"])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["quickstart", "--steps", "0"], "--steps: must be >= 1, got 0"),
+        (["quickstart", "--steps", "many"], "--steps: expected a whole number, got 'many'"),
+        (["quickstart", "--seed", "-1"], "--seed: must be >= 0, got -1"),
+        (["quickstart", "--method", "ppo"], "--method: invalid choice: 'ppo'"),
+        (["quickstart", "--bogus"], "unrecognized arguments: --bogus"),
+        (["push", "only-one-argument"], "the following arguments are required: REPO_ID"),
+        (["train"], "the following arguments are required: CONFIG.yaml"),
+        (["nope"], "invalid choice: 'nope'"),
+    ],
+)
+def test_bad_arguments_exit_2_with_the_reason(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_quickstart_refuses_an_unwritable_output_dir_before_any_work(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert main(["quickstart", "--output-dir", str(blocker / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "trl-ext quickstart: error: --output-dir" in err and "not writable" in err
+    assert main(["quickstart", "--output-dir", str(blocker)]) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err
+
+
+def test_train_errors_are_one_clear_line(tmp_path, capsys):
+    assert main(["train", str(tmp_path / "missing.yaml")]) == 2
+    assert "no such recipe file" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer: stepwise_rlm\nmax_turn: 3\n")
+    assert main(["train", str(bad)]) == 2
+    assert "'max_turn' (did you mean 'max_turns'?)" in capsys.readouterr().err
+
+
+def test_push_errors(tmp_path, capsys):
+    assert main(["push", str(tmp_path), "user/repo"]) == 2
+    assert "No LoRA adapter" in capsys.readouterr().err
+    assert main(["push", str(tmp_path / "missing"), "user/repo"]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+def test_push_dry_run_prints_files_and_card(tmp_path, capsys):
+    from peft import LoraConfig, get_peft_model
+
+    from trl_ext.testing import build_tiny_model_and_tokenizer
+
+    model, _ = build_tiny_model_and_tokenizer(0)
+    get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(tmp_path / "adapter")
+    assert main(["push", str(tmp_path), "user/repo", "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "files: README.md, adapter_config.json, adapter_model.safetensors" in printed
+    assert "library_name: peft" in printed
+
+
+def test_plot_error_is_reported(tmp_path, capsys):
+    assert main(["plot", str(tmp_path / "missing")]) == 1
+    assert "trl-ext plot: error:" in capsys.readouterr().err
+
+
+def test_parser_defaults():
+    args = build_parser().parse_args(["quickstart"])
+    assert (args.output_dir, args.method, args.fast, args.steps, args.seed) == (
+        "trl-ext-quickstart",
+        "stepwise-rlm",
+        False,
+        None,
+        0,
+    )
+    args = build_parser().parse_args(["train", "r.yaml", "--learning_rate", "1e-5", "--max_steps", "3"])
+    assert args.config == "r.yaml" and args.overrides == ["--learning_rate", "1e-5", "--max_steps", "3"]
+
+
+def test_report_table(tmp_path):
+    from trl_ext.quickstart import EvalResult, QuickstartResult
+
+    before = EvalResult(0.3125, 192, 0.94, 2.08, 0.0, {"copy": 0.6, "lookup": 0.3, "no_answer": 0.1})
+    after = EvalResult(0.651, 192, 0.68, 2.35, 0.0, {"lookup": 0.68, "no_answer": 0.32})
+    (tmp_path / "rlm_trees").mkdir()
+    result = QuickstartResult(
+        method="stepwise-rlm",
+        output_dir=tmp_path,
+        seed=0,
+        fast=False,
+        wall_time_s=1.0,
+        train_steps=24,
+        adapter_dir=tmp_path / "adapter",
+        plot_file=tmp_path / "monitors.png",
+        reward_first=0.2,
+        reward_last=0.7,
+        masked_ratio_mean=0.002,
+        masked_ratio_max=0.006,
+        alerts={"clip_rate_low": 1, "kl_spike": 0},
+        alert_log=[],
+        before=before,
+        after=after,
+        extra={"eval_samples": 4},
+    )
+    table = format_quickstart_report(result, 250.0)
+    assert "held-out reward (exact match)" in table and "0.312 →     0.651" in table
+    assert "REPL lookup program" in table and "30.0% →     68.0%" in table
+    assert "turns per rollout" in table and "children per root" in table
+    assert "48 held-out tasks x 4 samples" in table
+    assert "IPO masked ratio: mean 0.2%, max 0.6%" in table
+    assert "monitor alerts: clip_rate_low ×1" in table and "kl_spike" not in table
+    assert f"LoRA adapter      {tmp_path / 'adapter'}/" in table
+    assert f"trl-ext push {tmp_path} <user>/<repo>" in table
+
+
+@pytest.mark.slow
+def test_quickstart_fast_end_to_end(tmp_path, capsys):
+    """The CI run of the whole pipeline: teacher traces, SFT, evaluation, stepwise RL, evaluation, outputs."""
+    import json
+
+    from trl_ext.quickstart import QuickstartSettings
+
+    # --verbose: leave the libraries' log levels alone in the test process
+    assert main(["quickstart", "--fast", "--no-progress", "--verbose", "--output-dir", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    for line in (
+        "[1/6] toy task",
+        "[2/6] scripted teacher",
+        "[3/6] cold-start SFT",
+        "[4/6] held-out reward",
+        "[5/6] StepwiseRLMTrainer",
+        "[6/6] held-out reward after RL",
+        "held-out reward (exact match)",
+        "IPO masked ratio",
+        "monitor alerts:",
+        "LoRA adapter",
+    ):
+        assert line in printed, line
+    for path in (
+        "adapter/adapter_config.json",
+        "adapter/adapter_model.safetensors",
+        "sft_model/config.json",
+        "trainer_state.json",
+        "monitors.png",
+        "teacher_traces.jsonl",
+        "eval/sft_only.jsonl",
+        "eval/after_rl.jsonl",
+        "trl_ext_run.json",
+    ):
+        assert (tmp_path / path).is_file(), path
+    assert list((tmp_path / "rlm_trees").glob("train-step*.jsonl"))
+    info = json.loads((tmp_path / "trl_ext_run.json").read_text())
+    fast = QuickstartSettings.fast()
+    assert info["trainer"] == "StepwiseRLMTrainer" and info["config"]["loss_type"] == "ipo"
+    assert info["base_model"] == str(tmp_path / "sft_model")
+    assert info["result"]["train_steps"] == fast.rl_steps
+    rollouts = fast.num_eval_examples * fast.eval_samples
+    assert info["result"]["before"]["rollouts"] == info["result"]["after"]["rollouts"] == rollouts
+    for key in ("eval/reward_sft_only", "eval/reward_after_rl"):
+        assert 0.0 <= info["metrics"][key] <= 1.0
+    adapter = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert adapter["r"] == 16 and adapter["peft_type"] == "LORA"

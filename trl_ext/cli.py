@@ -1,12 +1,44 @@
-"""The `trl-ext` command line."""
+"""The `trl-ext` command line: ``quickstart``, ``train``, ``push`` and ``plot``.
+
+Heavy imports (TRL, transformers) happen inside the subcommands, so ``trl-ext --help`` and argument errors are
+instant. Under Accelerate: ``accelerate launch -m trl_ext.cli train CONFIG.yaml`` (or ``accelerate launch $(which
+trl-ext) train CONFIG.yaml``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
+import time
+import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from trl_ext import __version__
+
+METHODS = ("stepwise-rlm", "judge-credit", "rlmt")  # same as trl_ext.quickstart.METHODS (kept import-free here)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,11 +49,55 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"trl-ext {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    quickstart = sub.add_parser("quickstart", help="a few IPO GRPO steps on the built-in tiny model (offline, CPU)")
-    quickstart.add_argument("--output-dir", default="trl-ext-quickstart", help="where the LoRA adapter is saved")
-    quickstart.add_argument("--steps", type=int, default=24, help="optimizer steps (default 24)")
-    quickstart.add_argument("--seed", type=int, default=0)
+    quickstart = sub.add_parser(
+        "quickstart",
+        help="the whole method in miniature: offline, CPU, a tiny model, a few minutes",
+        description="Cold-start SFT on scripted teacher traces of a built-in toy task, then StepwiseRLMTrainer RL "
+        "(IPO loss, LoRA, default monitors), then the held-out reward before and after RL. Offline, on the CPU. "
+        "--method judge-credit / rlmt run those trainers in miniature instead.",
+    )
+    quickstart.add_argument(
+        "--output-dir", default="trl-ext-quickstart", help="where everything is written (default: %(default)s)"
+    )
+    quickstart.add_argument(
+        "--method",
+        choices=METHODS,
+        default="stepwise-rlm",
+        help="stepwise-rlm (default: the full pipeline), judge-credit or rlmt (miniature runs)",
+    )
+    quickstart.add_argument("--fast", action="store_true", help="a scaled-down run for CI (well under a minute)")
+    quickstart.add_argument("--steps", type=_positive_int, default=None, help="RL optimizer steps (default: 24)")
+    quickstart.add_argument("--seed", type=_seed, default=0, help="seeds data, model, SFT, RL and evaluation")
+    quickstart.add_argument("--no-progress", action="store_true", help="no progress bars")
+    quickstart.add_argument("--verbose", action="store_true", help="show the libraries' warnings and logs")
     quickstart.set_defaults(func=_quickstart)
+
+    train = sub.add_parser(
+        "train",
+        help="train from a TRL-style YAML recipe (trainer: stepwise_rlm | judge_credit | rlmt | grpo)",
+        description="Train from a YAML recipe with TRL's conventions (trl.TrlParser): `trainer:` picks the config "
+        "and trainer classes, the other keys are fields of the config, trl.ModelConfig, the script arguments and "
+        "trl.DatasetMixtureConfig. Extra --key value pairs override the file. Runs under `accelerate launch -m "
+        "trl_ext.cli train CONFIG.yaml`.",
+    )
+    train.add_argument("config", metavar="CONFIG.yaml", help="the recipe (see recipes/)")
+    train.add_argument("overrides", nargs=argparse.REMAINDER, help="--key value pairs that override the recipe")
+    train.set_defaults(func=_train)
+
+    push = sub.add_parser(
+        "push",
+        help="push a run's LoRA adapter (adapter files only) with a generated model card to the Hub",
+        description="Upload the LoRA adapter of OUTPUT_DIR (OUTPUT_DIR/adapter or OUTPUT_DIR) with its tokenizer "
+        "files, trl_ext_run.json, monitors.png and a generated README.md model card, in one commit. Never uploads "
+        "merged or full weights. Uses HF_TOKEN / `hf auth login` and HF_ENDPOINT.",
+    )
+    push.add_argument("output_dir", metavar="OUTPUT_DIR", help="the output directory of trl-ext quickstart or train")
+    push.add_argument("repo_id", metavar="REPO_ID", help="the Hub repository, user/name or org/name")
+    push.add_argument("--private", action="store_true", help="create the repository private")
+    push.add_argument("--revision", default=None, help="branch to commit to (default: main)")
+    push.add_argument("--commit-message", default=None, help="commit message")
+    push.add_argument("--dry-run", action="store_true", help="print the files and the model card, upload nothing")
+    push.set_defaults(func=_push)
 
     plot = sub.add_parser(
         "plot",
@@ -35,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# plot
+# ----------------------------------------------------------------------------------------------------------------
 def _plot(args: argparse.Namespace) -> int:
     from trl_ext.callbacks.plotting import plot_run
 
@@ -47,19 +126,187 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _quickstart(args: argparse.Namespace) -> int:
-    if args.steps < 1:
-        raise SystemExit(f"trl-ext quickstart: --steps must be >= 1, got {args.steps}.")
-    from trl_ext.quickstart import run_quickstart
+# ----------------------------------------------------------------------------------------------------------------
+# quickstart
+# ----------------------------------------------------------------------------------------------------------------
+def _quiet_libraries() -> None:
+    """Keep the quickstart's output to its own lines, progress bars and the monitors' alerts."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # dataset.map bars; the training bars stay
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    for name in ("transformers", "trl", "peft", "accelerate", "datasets", "httpx"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
-    result = run_quickstart(args.output_dir, steps=args.steps, seed=args.seed)
+
+def _quickstart(args: argparse.Namespace) -> int:
+    from trl_ext.quickstart import QuickstartError, prepare_output_dir
+
+    try:  # fail on an unusable output directory before the slow imports
+        prepare_output_dir(args.output_dir)
+    except QuickstartError as error:
+        print(f"trl-ext quickstart: error: {error}", file=sys.stderr)
+        return 2
+    if not args.verbose:
+        _quiet_libraries()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    from dataclasses import replace
+
+    from trl_ext.quickstart import QuickstartSettings, run_quickstart
+
+    settings = QuickstartSettings.fast(args.seed) if args.fast else QuickstartSettings.default(args.seed)
+    if args.steps is not None:
+        settings = replace(settings, rl_steps=args.steps)
+    mode = " (--fast)" if args.fast else ""
     print(
-        f"\ntrl-ext quickstart: {result.steps} IPO GRPO steps on the tiny model (LoRA, CPU).\n"
-        f"  reward (distinct characters / 16): {result.reward_first:.3f} at step 1 -> "
-        f"{result.reward_last:.3f} at the last step\n"
-        f"  IPO trust region: up to {100 * result.masked_ratio_max:.1f}% of tokens masked in a step\n"
-        f"  LoRA adapter saved to {result.adapter_dir}"
+        f"trl-ext quickstart: method {args.method}{mode}, seed {args.seed}, output in {args.output_dir}/", flush=True
     )
+    started = time.perf_counter()
+    try:
+        result = run_quickstart(
+            args.output_dir,
+            method=args.method,
+            fast=args.fast,
+            settings=settings,
+            progress=not args.no_progress,
+            log=lambda line: print(line, flush=True),
+        )
+    except QuickstartError as error:
+        print(f"trl-ext quickstart: error: {error}", file=sys.stderr)
+        return 2
+    print(format_quickstart_report(result, time.perf_counter() - started))
+    return 0
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def format_quickstart_report(result: Any, wall_time_s: float) -> str:
+    """The final table of ``trl-ext quickstart``."""
+    out = result.output_dir
+    lines = ["", f"trl-ext quickstart: {result.method}, seed {result.seed}, {wall_time_s:.0f} s", ""]
+    if result.before is not None and result.after is not None:
+        before, after = result.before, result.after
+        rows = [
+            ("held-out reward (exact match)", _num(before.reward), _num(after.reward)),
+            ("final answer given", _pct(before.final_answer_rate), _pct(after.final_answer_rate)),
+            (
+                "REPL lookup program",
+                _pct(before.strategies.get("lookup", 0.0)),
+                _pct(after.strategies.get("lookup", 0.0)),
+            ),
+            (
+                "value copied by hand",
+                _pct(before.strategies.get("copy", 0.0)),
+                _pct(after.strategies.get("copy", 0.0)),
+            ),
+            ("turns per rollout", f"{before.turns_mean:.2f}", f"{after.turns_mean:.2f}"),
+            ("children per root", f"{before.children_mean:.2f}", f"{after.children_mean:.2f}"),
+        ]
+        width = max(len(r[0]) for r in rows)
+        lines.append(f"  {'':<{width}}   {'SFT only':>9}   {'after RL':>9}")
+        for label, left, right in rows:
+            lines.append(f"  {label:<{width}}   {left:>9} → {right:>9}")
+        samples = int(result.extra.get("eval_samples") or 1)
+        lines.append(
+            f"  ({before.rollouts} rollouts each: {before.rollouts // samples} held-out tasks x {samples} samples, "
+            "tasks seen in neither SFT nor RL)"
+        )
+        lines.append("")
+    lines.append(
+        f"  RL steps: {result.train_steps}; training reward {_num(result.reward_first)} at the first step, "
+        f"{_num(result.reward_last)} at the last"
+    )
+    masked = "IPO masked ratio" if result.masked_ratio_mean is not None else "clip rate"
+    lines.append(f"  {masked}: mean {_pct(result.masked_ratio_mean)}, max {_pct(result.masked_ratio_max)}")
+    for key, label in (
+        ("judge_share_mean", "judge share of the advantage"),
+        ("judge_failure_ratio_mean", "judge failures"),
+    ):
+        if result.extra.get(key) is not None:
+            lines.append(f"  {label}: {_pct(result.extra[key])}")
+    if result.extra.get("malformed_ratio_mean") is not None:
+        lines.append(
+            f"  malformed completions (no <think> ... </think>): {_pct(result.extra['malformed_ratio_mean'])}"
+        )
+    fired = {rule: count for rule, count in result.alerts.items() if count}
+    if fired:
+        lines.append("  monitor alerts: " + ", ".join(f"{rule} ×{count}" for rule, count in fired.items()))
+        lines.append("    (what each means and what to do: docs/troubleshooting.md)")
+    else:
+        lines.append("  monitor alerts: none")
+    lines.append("")
+    lines.append(f"  LoRA adapter      {result.adapter_dir}/")
+    if result.plot_file is not None:
+        lines.append(f"  metrics plot      {result.plot_file}")
+    if (out / "rlm_trees").is_dir():
+        lines.append(f"  rollout trees     {out / 'rlm_trees'}/ (training), {out / 'eval'}/ (held-out evaluation)")
+    if (out / "sft_model").is_dir():
+        lines.append(f"  SFT base model    {out / 'sft_model'}/")
+    if (out / "judge_audit.jsonl").is_file():
+        lines.append(f"  judge audit log   {out / 'judge_audit.jsonl'}")
+    lines.append(f"  run summary       {out / 'trl_ext_run.json'}")
+    lines.append(f"  push the adapter: trl-ext push {out} <user>/<repo>")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# train
+# ----------------------------------------------------------------------------------------------------------------
+def _train(args: argparse.Namespace) -> int:
+    from trl_ext.recipes import RecipeError, parse_recipe, train_from_recipe
+
+    try:
+        recipe = parse_recipe(args.config, args.overrides)
+        trainer = train_from_recipe(recipe)
+    except RecipeError as error:
+        print(f"trl-ext train: error: {error}", file=sys.stderr)
+        return 2
+    if trainer.accelerator.is_main_process:
+        print(
+            f"trl-ext train: done; adapter/model, trainer state and trl_ext_run.json in {recipe.training_args.output_dir}"
+        )
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# push
+# ----------------------------------------------------------------------------------------------------------------
+def _push(args: argparse.Namespace) -> int:
+    from trl_ext.hub import PushError, build_model_card, collect_adapter_files, push_adapter
+
+    try:
+        if args.dry_run:
+            files = collect_adapter_files(args.output_dir)
+            print("files:", ", ".join(sorted([*files.files, "README.md"])))
+            print(build_model_card(args.output_dir, args.repo_id, files))
+            return 0
+        info = push_adapter(
+            args.output_dir,
+            args.repo_id,
+            private=args.private,
+            revision=args.revision,
+            commit_message=args.commit_message,
+        )
+    except (PushError, ValueError) as error:
+        print(f"trl-ext push: error: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:  # noqa: BLE001 - network/auth errors from huggingface_hub: one clear line
+        name = type(error).__name__
+        print(
+            f"trl-ext push: error: the upload failed ({name}: {error}). Check HF_TOKEN or `hf auth login`.",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"trl-ext push: {getattr(info, 'commit_url', None) or args.repo_id}")
     return 0
 
 

@@ -1,0 +1,367 @@
+"""Recipes (`recipes/*.yaml`) and `trl-ext train`: every recipe parses into its config class with the published
+settings, and a dry run builds its trainer on the tiny offline model with the recipe's algorithmic settings (model,
+sizes, precision and vLLM swapped for CPU; loss, group size, λ, RLM limits, KL, temperature kept)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trl_ext.recipes import (
+    REWARD_REGISTRY,
+    RecipeError,
+    TrainScriptArguments,
+    build_trainer,
+    parse_recipe,
+    read_trainer_name,
+    resolve_reward_funcs,
+)
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+ACCELERATE = RECIPES / "accelerate"
+
+# recipe -> (config class, the settings SPEC publishes for it)
+PUBLISHED = {
+    "rlm_evidence_4b.yaml": (
+        "StepwiseRLMConfig",
+        {
+            "num_generations": 8,
+            "max_children": 4,
+            "max_depth": 1,
+            "use_vllm": True,
+            "vllm_mode": "colocate",
+            "rlm_loss_normalization": "subtree",
+            "loss_type": "ipo",
+        },
+    ),
+    "judge_credit_math_4b_lambda025.yaml": (
+        "JudgeCreditConfig",
+        {
+            "judge_lambda": 0.25,
+            "num_generations": 8,
+            "per_device_train_batch_size": 8,
+            "learning_rate": 1e-5,
+            "loss_type": "ipo",
+            "temperature": 1.0,
+            "scale_rewards": "none",
+            "max_steps": 40,
+            "max_completion_length": 32768,
+        },
+    ),
+    "judge_credit_math_4b_lambda1.yaml": (
+        "JudgeCreditConfig",
+        {"judge_lambda": 1.0, "num_generations": 8, "learning_rate": 1e-5, "loss_type": "ipo", "max_steps": 40},
+    ),
+    "rlmt_llama31_8b_instruct.yaml": (
+        "RLMTConfig",
+        {
+            "num_generations": 8,
+            "learning_rate": 1e-6,
+            "beta": 0.001,
+            "temperature": 0.7,
+            "rlmt_format": "instruct",
+            "max_completion_length": 4096,
+            "reward_model_name_or_path": "Skywork/Skywork-Reward-Llama-3.1-8B-v0.2",
+        },
+    ),
+}
+LORA_R16 = {"judge_credit_math_4b_lambda025.yaml", "judge_credit_math_4b_lambda1.yaml", "rlm_evidence_4b.yaml"}
+
+
+def test_every_recipe_is_covered():
+    assert {p.name for p in RECIPES.glob("*.yaml")} == set(PUBLISHED)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_recipe_parses_into_its_config_class(name):
+    import torch
+
+    config_name, published = PUBLISHED[name]
+    # bf16 needs a GPU (TrainingArguments checks it at parse time); everything else is parsed as written
+    overrides = [] if torch.cuda.is_available() else ["--bf16", "false", "--use_cpu", "true"]
+    recipe = parse_recipe(RECIPES / name, overrides)
+    assert type(recipe.training_args).__name__ == config_name
+    for key, value in published.items():
+        assert getattr(recipe.training_args, key) == value, key
+    if name in LORA_R16:
+        assert (recipe.model_args.use_peft, recipe.model_args.lora_r, recipe.model_args.lora_alpha) == (True, 16, 32)
+    assert recipe.script_args.monitors is True
+
+
+def test_judge_credit_recipes_differ_only_in_lambda_and_output():
+    low = yaml.safe_load((RECIPES / "judge_credit_math_4b_lambda025.yaml").read_text())
+    high = yaml.safe_load((RECIPES / "judge_credit_math_4b_lambda1.yaml").read_text())
+    assert {k for k in low if low[k] != high[k]} == {"judge_lambda", "output_dir"}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Dry runs on the tiny model
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny policy and reward model saved as local "checkpoints", and a small local dataset."""
+    from trl_ext.testing import build_tiny_model_and_tokenizer, build_tiny_reward_model
+
+    root = tmp_path_factory.mktemp("tiny")
+    model, tokenizer = build_tiny_model_and_tokenizer(0)
+    model.save_pretrained(root / "policy")
+    tokenizer.save_pretrained(root / "policy")
+    reward_model, rm_tokenizer = build_tiny_reward_model(1)
+    reward_model.save_pretrained(root / "rm")
+    rm_tokenizer.save_pretrained(root / "rm")
+    rows = [
+        {"prompt": f"What is {i} + 1?", "context": f"n={i}", "answer": str(i + 1), "solution": str(i + 1)}
+        for i in range(16)
+    ]
+    data = root / "train.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return root
+
+
+def cpu_overrides(tiny: Path, output_dir: Path) -> list[str]:
+    """Swap model, sizes, precision and generation backend; keep every algorithmic setting."""
+    return [
+        "--model_name_or_path",
+        str(tiny / "policy"),
+        "--dtype",
+        "float32",
+        "--output_dir",
+        str(output_dir),
+        "--use_vllm",
+        "false",
+        "--bf16",
+        "false",
+        "--use_cpu",
+        "true",
+        "--gradient_checkpointing",
+        "false",
+        "--max_completion_length",
+        "8",
+        "--report_to",
+        "none",
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_recipe_dry_run_builds_the_trainer_on_the_tiny_model(name, tiny, tmp_path):
+    from datasets import load_dataset
+    from peft import PeftModel
+
+    from trl_ext.callbacks import MonitorCallback
+
+    config_name, published = PUBLISHED[name]
+    overrides = cpu_overrides(tiny, tmp_path)
+    if name.startswith("rlmt"):
+        overrides += ["--reward_model_name_or_path", str(tiny / "rm"), "--reward_model_dtype", "float32"]
+    recipe = parse_recipe(RECIPES / name, overrides)
+    dataset = load_dataset("json", data_files=str(tiny / "train.jsonl"), split="train")
+    trainer = build_trainer(recipe, train_dataset=dataset)
+
+    assert type(trainer).__name__ == config_name.replace("Config", "Trainer")
+    kept = {
+        k: v
+        for k, v in published.items()
+        if k not in ("use_vllm", "max_completion_length", "reward_model_name_or_path")
+    }
+    for key, value in kept.items():
+        assert getattr(trainer.args, key) == value, key
+    assert trainer.args.use_vllm is False and trainer.args.max_completion_length == 8
+    assert any(isinstance(cb, MonitorCallback) for cb in trainer.callback_handler.callbacks)
+    if name in LORA_R16:
+        assert isinstance(trainer.model, PeftModel)
+        assert trainer.model.peft_config["default"].r == 16
+    if name.startswith("rlm_"):
+        assert type(trainer.reward_funcs[0]).__name__ == "RubricJudgeReward"
+        assert trainer._rlm_config.max_children == 4
+    if name.startswith("judge_credit"):
+        assert trainer.reward_funcs[0].__name__ == "accuracy_reward"
+    if name.startswith("rlmt"):
+        assert type(trainer.reward_funcs[0]).__name__ == "RewardModelScorer"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# trl-ext train, end to end
+# ----------------------------------------------------------------------------------------------------------------
+def write_recipe(path: Path, **fields) -> Path:
+    path.write_text(yaml.safe_dump(fields, sort_keys=False), encoding="utf-8")
+    return path
+
+
+@pytest.mark.slow
+def test_train_command_runs_a_stepwise_recipe_end_to_end(tiny, tmp_path):
+    from trl_ext.cli import main
+
+    output = tmp_path / "run"
+    recipe = write_recipe(
+        tmp_path / "toy.yaml",
+        trainer="stepwise_rlm",
+        model_name_or_path=str(tiny / "policy"),
+        dtype="float32",
+        use_peft=True,
+        lora_r=4,
+        lora_alpha=8,
+        lora_target_modules=["q_proj", "v_proj"],
+        datasets=[{"path": "json", "data_files": str(tiny / "train.jsonl"), "split": "train"}],
+        reward_funcs=["trl_ext.toy_task:exact_match_reward"],
+        max_turns=2,
+        max_depth=0,
+        loss_type="ipo",
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_completion_length=8,
+        max_steps=2,
+        learning_rate=1.0e-3,
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        output_dir=str(output),
+    )
+    assert main(["train", str(recipe), "--max_steps", "1"]) == 0  # a command-line override wins over the file
+    assert (output / "adapter_config.json").is_file() and (output / "adapter_model.safetensors").is_file()
+    assert not (output / "model.safetensors").exists()
+    info = json.loads((output / "trl_ext_run.json").read_text())
+    assert info["method"] == "stepwise_rlm" and info["trainer"] == "StepwiseRLMTrainer"
+    assert info["steps"] == 1 and info["config"]["loss_type"] == "ipo"
+    assert info["reward_funcs"] == ["exact_match_reward"]
+    assert "reward" in info["metrics"] and "rlm/turns_mean" in info["metrics"]
+    assert (output / "trainer_state.json").is_file() and (output / "monitors.png").is_file()
+    assert list((output / "rlm_trees").glob("*.jsonl"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Errors and reward resolution
+# ----------------------------------------------------------------------------------------------------------------
+def test_unknown_keys_are_named_with_a_hint(tmp_path):
+    path = write_recipe(tmp_path / "r.yaml", trainer="grpo", learnng_rate=1e-5, judge_lambda=0.5, zzz=1)
+    with pytest.raises(RecipeError) as error:
+        parse_recipe(path)
+    message = str(error.value)
+    assert "'learnng_rate' (did you mean 'learning_rate'?)" in message
+    assert "'judge_lambda' (a field of trainer 'judge_credit')" in message
+    assert "'zzz'" in message
+
+
+def test_bad_trainer_file_and_yaml(tmp_path):
+    with pytest.raises(RecipeError, match="not one of stepwise_rlm, judge_credit, rlmt, grpo"):
+        read_trainer_name(write_recipe(tmp_path / "a.yaml", trainer="ppo"))
+    with pytest.raises(RecipeError, match="no such recipe file"):
+        parse_recipe(tmp_path / "missing.yaml")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    with pytest.raises(RecipeError, match="YAML mapping"):
+        parse_recipe(tmp_path / "list.yaml")
+    assert read_trainer_name(write_recipe(tmp_path / "b.yaml", trainer="grpo"), ["--trainer", "rlmt"]) == "rlmt"
+
+
+def test_config_validation_errors_name_the_file(tmp_path):
+    path = write_recipe(
+        tmp_path / "r.yaml",
+        trainer="stepwise_rlm",
+        child_sampling="some",
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+    )
+    with pytest.raises(RecipeError, match=r"r\.yaml: child_sampling='some'"):
+        parse_recipe(path)
+
+
+def test_no_reward_and_no_data_are_clear_errors(tmp_path, tiny):
+    base = dict(
+        trainer="grpo",
+        model_name_or_path=str(tiny / "policy"),
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+    )
+    recipe = parse_recipe(write_recipe(tmp_path / "r.yaml", **base))
+    with pytest.raises(RecipeError, match="no reward"):
+        build_trainer(recipe)
+    recipe = parse_recipe(
+        write_recipe(tmp_path / "r2.yaml", reward_funcs=["trl_ext.toy_task:exact_match_reward"], **base)
+    )
+    with pytest.raises(RecipeError, match="no data"):
+        build_trainer(recipe)
+
+
+def test_reward_resolution(tmp_path, monkeypatch):
+    from trl_ext.rewards import CharSpanF1Reward, RubricJudgeReward
+    from trl_ext.toy_task import exact_match_reward
+
+    (tmp_path / "my_rewards.py").write_text("def score(completions, **kw):\n    return [1.0] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    rewards = resolve_reward_funcs(
+        [
+            "trl_ext.rewards.char_span_f1",  # the metric's path means the reward class
+            "trl_ext.toy_task:exact_match_reward",
+            "trl_ext.toy_task.exact_match_reward",
+            "my_rewards:score",  # ./my_rewards.py, as TRL's scripts allow
+            {"path": "rubric_judge", "kwargs": {"base_url": "http://127.0.0.1:9/v1", "model": "judge"}},
+            {"path": "trl_ext.rewards:CharSpanF1Reward", "kwargs": {"gold_column": "gold"}},
+        ]
+    )
+    assert isinstance(rewards[0], CharSpanF1Reward)
+    assert rewards[1] is exact_match_reward and rewards[2] is exact_match_reward
+    assert rewards[3](completions=["a", "b"]) == [1.0, 1.0]
+    assert isinstance(rewards[4], RubricJudgeReward) and rewards[4].client.base_url == "http://127.0.0.1:9/v1"
+    assert rewards[5].gold_column == "gold"
+    assert REWARD_REGISTRY["char_span_f1"].endswith("CharSpanF1Reward")
+    with pytest.raises(RecipeError, match="signature"):
+        resolve_reward_funcs(["trl_ext.rewards.span_f1:char_span_f1"])  # the metric itself is not a reward
+    with pytest.raises(RecipeError, match="cannot import module"):
+        resolve_reward_funcs(["no_such_module:f"])
+    with pytest.raises(RecipeError, match="has no attribute"):
+        resolve_reward_funcs(["trl_ext.toy_task:nope"])
+    with pytest.raises(RecipeError, match="not a built-in name"):
+        resolve_reward_funcs(["nonsense"])
+    with pytest.raises(RecipeError, match="unknown keys"):
+        resolve_reward_funcs([{"path": "char_span_f1", "weight": 2}])
+
+
+def test_rlmt_refuses_reward_models_that_would_score_the_plan(tmp_path, tiny):
+    recipe = parse_recipe(
+        write_recipe(
+            tmp_path / "r.yaml",
+            trainer="rlmt",
+            model_name_or_path=str(tiny / "policy"),
+            reward_models=[str(tiny / "rm")],
+            output_dir=str(tmp_path),
+            use_cpu=True,
+            bf16=False,
+            report_to="none",
+        )
+    )
+    with pytest.raises(RecipeError, match="reward_model_name_or_path"):
+        build_trainer(recipe)
+
+
+def test_script_arguments_extend_trl():
+    from trl import ScriptArguments
+
+    assert issubclass(TrainScriptArguments, ScriptArguments)
+
+
+@pytest.mark.parametrize("name", ["single_gpu.yaml", "multi_gpu_zero3.yaml", "fsdp.yaml", "vllm_server.yaml"])
+def test_accelerate_configs_load(name):
+    """Each loads as an Accelerate config file (the class `accelerate launch --config_file` reads)."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(ACCELERATE / name))
+    expected = {
+        "single_gpu.yaml": ("NO", 1),
+        "multi_gpu_zero3.yaml": ("DEEPSPEED", 8),
+        "fsdp.yaml": ("FSDP", 8),
+        "vllm_server.yaml": ("DEEPSPEED", 7),
+    }[name]
+    assert (str(config.distributed_type).split(".")[-1], config.num_processes) == expected
+    if "zero3" in name or "vllm" in name:
+        assert config.deepspeed_config["zero_stage"] == 3
+    if name == "fsdp.yaml":
+        assert config.fsdp_config["fsdp_version"] == 2

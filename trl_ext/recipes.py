@@ -1,0 +1,547 @@
+"""YAML recipes: ``trl-ext train CONFIG.yaml`` with TRL's conventions (`trl.TrlParser`, as in ``trl grpo --config``).
+
+A recipe is one flat YAML mapping, exactly like the files TRL's scripts read, plus one key, ``trainer``, that picks
+the config and trainer classes:
+
+=================  =====================  ======================
+``trainer:``       config class           trainer class
+=================  =====================  ======================
+``stepwise_rlm``   `StepwiseRLMConfig`    `StepwiseRLMTrainer`
+``judge_credit``   `JudgeCreditConfig`    `JudgeCreditTrainer`
+``rlmt``           `RLMTConfig`           `RLMTTrainer`
+``grpo``           `ExtGRPOConfig`        `ExtGRPOTrainer`
+=================  =====================  ======================
+
+Every other key is a field of one of four dataclasses, parsed by `trl.TrlParser`: `TrainScriptArguments` (TRL's
+``ScriptArguments`` — ``dataset_name``, splits — plus ``trainer``, ``reward_funcs``, ``reward_models`` and the
+monitors), the config class (``learning_rate``, ``loss_type``, ``max_turns``, ...), `trl.ModelConfig`
+(``model_name_or_path``, ``dtype``, ``use_peft``, ``lora_r``, ...) and `trl.DatasetMixtureConfig` (``datasets:``, a
+list of ``load_dataset`` argument mappings, for local files and mixtures). ``env:`` sets environment variables.
+Command-line ``--key value`` pairs after the file override it. Unknown keys are an error.
+
+Reward functions (``reward_funcs``) are import paths, ``package.module:name`` or ``package.module.name`` (the
+working directory is importable, so ``my_rewards:score`` finds ``./my_rewards.py``), or a built-in name (`REWARD
+_REGISTRY`). A class is instantiated; a mapping ``{path: ..., kwargs: {...}}`` passes keyword arguments (to a class,
+or bound to a function)::
+
+    reward_funcs:
+      - trl_ext.rewards.char_span_f1                   # built-in alias of CharSpanF1Reward()
+      - my_rewards:exact_match                         # ./my_rewards.py
+      - path: trl_ext.rewards.RubricJudgeReward
+        kwargs: {base_url: "http://127.0.0.1:8001/v1", model: judge}
+
+`train_from_recipe` runs it: build the trainer (`build_trainer`), train, save the adapter (or model), the trainer
+state, ``trl_ext_run.json`` and the monitors plot in ``output_dir``, and push the adapter with a model card when
+``push_to_hub`` is set (`trl_ext.hub.push_adapter`). It runs unchanged under ``accelerate launch -m trl_ext.cli
+train CONFIG.yaml``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trl import ScriptArguments
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "REWARD_REGISTRY",
+    "TRAINERS",
+    "Recipe",
+    "RecipeError",
+    "TrainScriptArguments",
+    "build_trainer",
+    "load_recipe_datasets",
+    "parse_recipe",
+    "read_trainer_name",
+    "resolve_reward_funcs",
+    "train_from_recipe",
+    "write_run_info",
+]
+
+RUN_INFO_FILE = "trl_ext_run.json"
+PLOT_FILE = "monitors.png"
+
+# trainer name -> (module, config class, trainer class)
+TRAINERS: dict[str, tuple[str, str, str]] = {
+    "stepwise_rlm": ("trl_ext.trainers", "StepwiseRLMConfig", "StepwiseRLMTrainer"),
+    "judge_credit": ("trl_ext.trainers", "JudgeCreditConfig", "JudgeCreditTrainer"),
+    "rlmt": ("trl_ext.trainers", "RLMTConfig", "RLMTTrainer"),
+    "grpo": ("trl_ext.trainers", "ExtGRPOConfig", "ExtGRPOTrainer"),
+}
+
+# name -> import path of a reward (a class is instantiated with the entry's kwargs). `trl_ext.rewards.char_span_f1`
+# is the metric function (predicted spans, gold spans), not a TRL reward: as a reward its name means the reward class.
+REWARD_REGISTRY: dict[str, str] = {
+    "char_span_f1": "trl_ext.rewards:CharSpanF1Reward",
+    "trl_ext.rewards.char_span_f1": "trl_ext.rewards:CharSpanF1Reward",
+    "trl_ext.rewards:char_span_f1": "trl_ext.rewards:CharSpanF1Reward",
+    "rubric_judge": "trl_ext.rewards:RubricJudgeReward",
+    "accuracy_reward": "trl.rewards:accuracy_reward",
+    "reasoning_accuracy_reward": "trl.rewards:reasoning_accuracy_reward",
+    "think_format_reward": "trl.rewards:think_format_reward",
+}
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be parsed or built; the message names the file, the key and the fix."""
+
+
+@dataclass
+class TrainScriptArguments(ScriptArguments):
+    """TRL's ``ScriptArguments`` (dataset name, config and splits) plus what selects and feeds a trl-ext trainer.
+
+    Parameters:
+        trainer: ``stepwise_rlm``, ``judge_credit``, ``rlmt`` or ``grpo`` (see `TRAINERS`).
+        reward_funcs: reward functions: import paths, built-in names or ``{path, kwargs}`` mappings (YAML).
+        reward_models: sequence-classification reward models (Hub ids or paths) that TRL loads and scores the whole
+            completion with (not for ``rlmt``: set ``reward_model_name_or_path``, which scores the response only).
+        monitors: attach `trl_ext.default_monitors` (clip rate / IPO mask, entropy and KL, reward).
+        monitor_action: the monitors' action: ``warn``, ``checkpoint`` or ``stop`` (collapses always stop).
+        save_plot: draw ``monitors.png`` in ``output_dir`` after training (needs matplotlib).
+    """
+
+    trainer: str = field(
+        default="grpo",
+        metadata={"help": "Which trl-ext trainer: stepwise_rlm, judge_credit, rlmt or grpo (ExtGRPOTrainer)."},
+    )
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Reward functions: import paths ('pkg.mod:func' or 'pkg.mod.func'), built-in names (char_span_f1, "
+            "rubric_judge, accuracy_reward, think_format_reward, ...) or, in YAML, {path: ..., kwargs: {...}}."
+        },
+    )
+    reward_models: list[str] | None = field(
+        default=None,
+        metadata={"help": "Sequence-classification reward models TRL loads (Hub ids or local paths)."},
+    )
+    monitors: bool = field(
+        default=True, metadata={"help": "Attach trl_ext.default_monitors() (clip rate, entropy/KL, reward)."}
+    )
+    monitor_action: str = field(
+        default="warn", metadata={"help": "Action of the monitors' rules: warn, checkpoint or stop."}
+    )
+    save_plot: bool = field(default=True, metadata={"help": "Draw output_dir/monitors.png after training."})
+
+
+@dataclass
+class Recipe:
+    """A parsed recipe: the four argument dataclasses, and where they came from."""
+
+    script_args: TrainScriptArguments
+    training_args: Any
+    model_args: Any
+    dataset_args: Any
+    source: Path | None = None
+
+    @property
+    def trainer(self) -> str:
+        return self.script_args.trainer
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Parsing
+# ----------------------------------------------------------------------------------------------------------------
+def read_trainer_name(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> str:
+    """The ``trainer`` of a recipe file (a ``--trainer`` override wins); `RecipeError` if it is unknown."""
+    mapping = _read_yaml(Path(path))
+    name = mapping.get("trainer", "grpo")
+    args = list(overrides)
+    if "--trainer" in args and args.index("--trainer") + 1 < len(args):
+        name = args[args.index("--trainer") + 1]
+    if name not in TRAINERS:
+        raise RecipeError(
+            f"{path}: trainer={name!r} is not one of {', '.join(TRAINERS)}; set `trainer:` to one of them."
+        )
+    return name
+
+
+def parse_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Recipe:
+    """Parse a recipe file into its dataclasses, with ``--key value`` overrides, the way ``trl <cmd> --config`` does.
+
+    Raises:
+        RecipeError: missing/unreadable file, unknown trainer, unknown keys or invalid values (the config classes'
+            own checks), with the file name.
+    """
+    from trl import DatasetMixtureConfig, ModelConfig, TrlParser
+
+    path = Path(path)
+    name = read_trainer_name(path, overrides)
+    config_class = _config_class(name)
+    dataclass_types = (TrainScriptArguments, config_class, ModelConfig, DatasetMixtureConfig)
+    _check_keys(path, name, _read_yaml(path), dataclass_types)
+    parser = TrlParser(dataclass_types)
+    try:
+        script_args, training_args, model_args, dataset_args = parser.parse_args_and_config(
+            ["--config", str(path), *overrides]
+        )
+    except (ValueError, TypeError) as error:  # the config classes' own checks (__post_init__)
+        hint = ""
+        if "bf16" in str(error) and "--bf16" not in overrides:
+            hint = " (a GPU recipe on a machine without a GPU: add `--bf16 false --use_cpu true`, or run it on a GPU)"
+        raise RecipeError(f"{path}: {error}{hint}") from None
+    except SystemExit as error:  # argparse has printed what it could not parse
+        raise RecipeError(f"{path}: invalid command-line override or value (see the message above).") from error
+    return Recipe(script_args, training_args, model_args, dataset_args, source=path)
+
+
+def _check_keys(path: Path, trainer: str, mapping: Mapping[str, Any], dataclass_types: Sequence[type]) -> None:
+    """Unknown keys are a typo or another trainer's field: say which, with the closest known names."""
+    import difflib
+
+    known = {"env"} | {item.name for cls in dataclass_types for item in dataclasses.fields(cls)}
+    unknown = [key for key in mapping if key not in known]
+    if not unknown:
+        return
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, known, n=1)
+        owner = [other for other in TRAINERS if other != trainer and key in _field_names(_config_class(other))]
+        if owner:
+            hints.append(f"{key!r} (a field of trainer {owner[0]!r})")
+        elif close:
+            hints.append(f"{key!r} (did you mean {close[0]!r}?)")
+        else:
+            hints.append(repr(key))
+    names = ", ".join(cls.__name__ for cls in dataclass_types)
+    raise RecipeError(
+        f"{path}: unknown key(s) for trainer {trainer!r}: {'; '.join(hints)}. Valid keys: fields of {names}."
+    )
+
+
+def _field_names(cls: type) -> set[str]:
+    return {item.name for item in dataclasses.fields(cls)}
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    if not path.is_file():
+        raise RecipeError(
+            f"{path}: no such recipe file. Pass a YAML file, e.g. recipes/judge_credit_math_4b_lambda025.yaml."
+        )
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise RecipeError(f"{path}: not valid YAML ({error}).") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: a recipe is a YAML mapping of keys to values, got {type(data).__name__}.")
+    return data
+
+
+def _config_class(name: str) -> type:
+    module, config_name, _ = TRAINERS[name]
+    return getattr(importlib.import_module(module), config_name)
+
+
+def _trainer_class(name: str) -> type:
+    module, _, trainer_name = TRAINERS[name]
+    return getattr(importlib.import_module(module), trainer_name)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rewards and data
+# ----------------------------------------------------------------------------------------------------------------
+def resolve_reward_funcs(specs: Sequence[Any] | None) -> list[Any]:
+    """Reward functions from recipe entries (strings or ``{path, kwargs}`` mappings); see the module docstring."""
+    rewards = []
+    for spec in specs or []:
+        if isinstance(spec, str):
+            target, kwargs = spec, {}
+        elif isinstance(spec, Mapping):
+            unknown = set(spec) - {"path", "name", "kwargs"}
+            target = spec.get("path") or spec.get("name")
+            kwargs = dict(spec.get("kwargs") or {})
+            if unknown or not isinstance(target, str):
+                raise RecipeError(
+                    f"reward_funcs entry {dict(spec)!r}: write {{path: 'pkg.module:name', kwargs: {{...}}}} "
+                    f"(unknown keys: {sorted(unknown) or 'none'})."
+                )
+        else:
+            raise RecipeError(
+                f"reward_funcs entry {spec!r}: expected an import path string or a {{path, kwargs}} mapping."
+            )
+        rewards.append(_build_reward(target, kwargs))
+    return rewards
+
+
+def _build_reward(target: str, kwargs: dict[str, Any]) -> Any:
+    obj = _import_object(REWARD_REGISTRY.get(target, target))
+    if inspect.isclass(obj):
+        reward = obj(**kwargs)
+    elif kwargs:
+        reward = functools.partial(obj, **kwargs)
+        reward.__name__ = getattr(obj, "__name__", target.rsplit(":", 1)[-1].rsplit(".", 1)[-1])  # type: ignore[attr-defined]
+    else:
+        reward = obj
+    if not callable(reward):
+        raise RecipeError(f"reward_funcs entry {target!r} is a {type(reward).__name__}, not a reward function.")
+    _check_reward_signature(target, reward)
+    return reward
+
+
+def _check_reward_signature(target: str, reward: Callable[..., Any]) -> None:
+    """A TRL reward takes ``completions`` (and the dataset columns) as keyword arguments."""
+    try:
+        signature = inspect.signature(reward)
+    except (TypeError, ValueError):
+        return
+    params = signature.parameters
+    if "completions" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    raise RecipeError(
+        f"reward_funcs entry {target!r} has the signature {signature}, not TRL's reward interface "
+        "(prompts, completions, **columns) -> list[float]. Use a reward function or class, e.g. "
+        "trl_ext.rewards:CharSpanF1Reward."
+    )
+
+
+def _import_object(path: str) -> Any:
+    if ":" in path:
+        module_name, attribute = path.split(":", 1)
+    elif "." in path:
+        module_name, attribute = path.rsplit(".", 1)
+    else:
+        raise RecipeError(
+            f"reward {path!r}: not a built-in name ({', '.join(sorted(k for k in REWARD_REGISTRY if '.' not in k))}) "
+            "nor an import path such as 'my_rewards:score' or 'my_package.rewards.score'."
+        )
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)  # as TRL's scripts do: ./my_rewards.py is importable
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise RecipeError(f"reward {path!r}: cannot import module {module_name!r} ({error}).") from None
+    try:
+        obj: Any = module
+        for part in attribute.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise RecipeError(f"reward {path!r}: module {module_name!r} has no attribute {attribute!r}.") from None
+    return obj
+
+
+def load_recipe_datasets(recipe: Recipe) -> tuple[Any, Any]:
+    """``(train_dataset, eval_dataset or None)`` as TRL's scripts load them: the ``datasets:`` mixture when given,
+    else ``dataset_name`` (with ``dataset_config``); the splits named by the script arguments."""
+    from datasets import load_dataset
+    from trl import get_dataset
+
+    script_args, dataset_args = recipe.script_args, recipe.dataset_args
+    if dataset_args.datasets:
+        if script_args.dataset_name:
+            logger.warning("The recipe sets both `datasets` and `dataset_name`; `datasets` is used.")
+        dataset = get_dataset(dataset_args)
+    elif script_args.dataset_name:
+        dataset = load_dataset(
+            script_args.dataset_name, name=script_args.dataset_config, streaming=script_args.dataset_streaming
+        )
+    else:
+        raise RecipeError(
+            f"{recipe.source}: no data. Set `dataset_name:` (a Hub dataset or a local folder) or a `datasets:` list "
+            "of load_dataset arguments, e.g. [{path: json, data_files: train.jsonl}]."
+        )
+    train_split = script_args.dataset_train_split
+    if train_split not in dataset:
+        raise RecipeError(f"{recipe.source}: the dataset has no split {train_split!r} (splits: {list(dataset)}).")
+    eval_dataset = None
+    if getattr(recipe.training_args, "eval_strategy", "no") != "no":
+        eval_dataset = dataset.get(script_args.dataset_test_split)
+    return dataset[train_split], eval_dataset
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Building and running
+# ----------------------------------------------------------------------------------------------------------------
+def build_trainer(
+    recipe: Recipe,
+    *,
+    model: Any = None,
+    processing_class: Any = None,
+    train_dataset: Any = None,
+    eval_dataset: Any = None,
+    reward_funcs: Sequence[Any] | None = None,
+    callbacks: Sequence[Any] | None = None,
+    **trainer_kwargs: Any,
+) -> Any:
+    """The recipe's trainer, as TRL's ``grpo`` script builds `GRPOTrainer`: the model by name (with the model
+    arguments as ``model_init_kwargs``), the PEFT and quantization configs from `trl.ModelConfig`, the rewards, the
+    data, and `default_monitors` unless ``monitors: false``.
+
+    Every argument overrides what the recipe would build (tests pass a tiny in-memory model and dataset);
+    ``trainer_kwargs`` go to the trainer (e.g. ``generator=`` for `StepwiseRLMTrainer`, ``judge=`` for
+    `JudgeCreditTrainer`).
+    """
+    from trl import get_peft_config, get_quantization_config
+
+    script_args, args, model_args = recipe.script_args, recipe.training_args, recipe.model_args
+    name = recipe.trainer
+    if model is None:
+        if not model_args.model_name_or_path:
+            raise RecipeError(f"{recipe.source}: set `model_name_or_path:` (a Hub model id or a local folder).")
+        model = model_args.model_name_or_path
+        init_kwargs = {
+            "revision": model_args.model_revision,
+            "trust_remote_code": getattr(args, "trust_remote_code", False),
+            "attn_implementation": model_args.attn_implementation,
+            "dtype": model_args.dtype,
+        }
+        init_kwargs = {key: value for key, value in init_kwargs.items() if value is not None}
+        args.model_init_kwargs = {**init_kwargs, **(args.model_init_kwargs or {})}
+    if reward_funcs is None:
+        reward_funcs = resolve_reward_funcs(script_args.reward_funcs)
+        if script_args.reward_models:
+            if name == "rlmt":
+                raise RecipeError(
+                    f"{recipe.source}: `reward_models` would score the plan with the response; for rlmt set "
+                    "`reward_model_name_or_path:` (RLMTConfig), which scores the response only."
+                )
+            reward_funcs = [*script_args.reward_models, *reward_funcs]
+    reward_funcs = list(reward_funcs)
+    if not reward_funcs and not (name == "rlmt" and getattr(args, "reward_model_name_or_path", None)):
+        raise RecipeError(
+            f"{recipe.source}: no reward. Set `reward_funcs:` (import paths or built-in names)"
+            + (" or `reward_model_name_or_path:`." if name == "rlmt" else ".")
+        )
+    if train_dataset is None:
+        train_dataset, loaded_eval = load_recipe_datasets(recipe)
+        eval_dataset = loaded_eval if eval_dataset is None else eval_dataset
+    callbacks = list(callbacks or [])
+    if script_args.monitors:
+        from .callbacks import MonitorCallback, default_monitors
+
+        if not any(isinstance(cb, MonitorCallback) for cb in callbacks):
+            callbacks.extend(default_monitors(action=script_args.monitor_action))
+    trainer_class = _trainer_class(name)
+    kwargs: dict[str, Any] = dict(
+        args=args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=processing_class,
+        callbacks=callbacks,
+        peft_config=get_peft_config(model_args),
+        **trainer_kwargs,
+    )
+    quantization = get_quantization_config(model_args)
+    if quantization is not None:
+        kwargs["quantization_config"] = quantization
+    return trainer_class(model, reward_funcs if reward_funcs else None, **kwargs)
+
+
+def train_from_recipe(recipe: Recipe, **build_kwargs: Any) -> Any:
+    """Build, train, save (adapter or model, trainer state, ``trl_ext_run.json``, ``monitors.png``) and push when
+    ``push_to_hub`` is set; returns the trainer. What ``trl-ext train`` runs."""
+    trainer = build_trainer(recipe, **build_kwargs)
+    args = recipe.training_args
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    trainer.save_model(args.output_dir)
+    trainer.save_state()
+    if trainer.accelerator.is_main_process:
+        output_dir = Path(args.output_dir)
+        write_run_info(output_dir, recipe, trainer)
+        if recipe.script_args.save_plot:
+            try:
+                from .callbacks import plot_run
+
+                plot_run(output_dir, out=output_dir / PLOT_FILE)
+            except (ImportError, ValueError, FileNotFoundError) as error:
+                logger.warning("No monitors plot: %s", error)
+        if args.push_to_hub:
+            from .hub import push_adapter
+
+            repo_id = args.hub_model_id or output_dir.name
+            push_adapter(
+                output_dir, repo_id, private=bool(getattr(args, "hub_private_repo", False)), token=args.hub_token
+            )
+    trainer.accelerator.wait_for_everyone()
+    return trainer
+
+
+def write_run_info(output_dir: Path, recipe: Recipe, trainer: Any) -> Path:
+    """``trl_ext_run.json``: what ``trl-ext push`` puts in the model card (trainer, base model, config, metrics,
+    alerts)."""
+    from .callbacks import MonitorCallback
+
+    history = trainer.state.log_history
+    metrics: dict[str, Any] = {}
+    for entry in history:  # the last value of every logged metric
+        for key, value in entry.items():
+            if isinstance(value, (int, float)) and key not in ("epoch", "step"):
+                metrics[key] = value
+    alerts: dict[str, int] = {}
+    alert_log: list[dict[str, Any]] = []
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, MonitorCallback):
+            for rule, count in callback.alert_counts.items():
+                alerts[rule] = alerts.get(rule, 0) + count
+            alert_log.extend({"monitor": type(callback).__name__, **record} for record in callback.alerts)
+    info = {
+        "source": "trl-ext train",
+        "method": recipe.trainer,
+        "trainer": type(trainer).__name__,
+        "recipe": str(recipe.source) if recipe.source else None,
+        "base_model": recipe.model_args.model_name_or_path or getattr(trainer.model.config, "_name_or_path", None),
+        "dataset": recipe.script_args.dataset_name or [d.path for d in recipe.dataset_args.datasets or []],
+        "reward_funcs": [getattr(f, "__name__", str(f)) for f in trainer.reward_funcs],
+        "config": config_summary(recipe.training_args),
+        "peft": _peft_summary(recipe.model_args),
+        "metrics": metrics,
+        "steps": trainer.state.global_step,
+        "alerts": {rule: count for rule, count in sorted(alerts.items()) if count},
+        "alert_log": sorted(alert_log, key=lambda record: record.get("step", 0)),
+    }
+    path = Path(output_dir) / RUN_INFO_FILE
+    path.write_text(json.dumps(info, indent=2, default=str) + "\n", encoding="utf-8")
+    return path
+
+
+def _peft_summary(model_args: Any) -> dict[str, Any] | None:
+    if not model_args.use_peft:
+        return None
+    return {
+        "r": model_args.lora_r,
+        "lora_alpha": model_args.lora_alpha,
+        "lora_dropout": model_args.lora_dropout,
+        "target_modules": model_args.lora_target_modules,
+    }
+
+
+# Machine-specific or secret-bearing fields that do not belong in a model card.
+_CONFIG_OMIT = {"output_dir", "logging_dir", "judge_base_url", "judge_api_key_env", "hub_model_id", "push_to_hub"}
+
+
+def config_summary(config: Any) -> dict[str, Any]:
+    """The fields of a trainer config that differ from the class defaults (JSON-safe; endpoints, paths and secrets
+    left out): the "config" of the run file and the model card."""
+    summary = {}
+    for item in dataclasses.fields(config):
+        if item.name in _CONFIG_OMIT or "token" in item.name or item.name.startswith("_"):
+            continue
+        value = getattr(config, item.name)
+        if item.default is not dataclasses.MISSING:
+            default = item.default
+        elif item.default_factory is not dataclasses.MISSING:
+            default = item.default_factory()
+        else:
+            default = dataclasses.MISSING
+        if value == default and item.name != "loss_type":
+            continue
+        try:
+            json.dumps(value)
+        except TypeError:
+            value = str(value)
+        summary[item.name] = value
+    return summary
