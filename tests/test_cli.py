@@ -117,6 +117,7 @@ def test_report_table(tmp_path):
         plot_file=tmp_path / "monitors.png",
         reward_first=0.2,
         reward_last=0.7,
+        train_rewards=[0.2, 0.45, 0.7],
         masked_ratio_mean=0.002,
         masked_ratio_max=0.006,
         alerts={"clip_rate_low": 1, "kl_spike": 0},
@@ -130,6 +131,7 @@ def test_report_table(tmp_path):
     assert "REPL lookup program" in table and "30.0% →     68.0%" in table
     assert "turns per rollout" in table and "children per root" in table
     assert "48 held-out tasks x 4 samples" in table
+    assert "training reward per generation batch: 0.20 0.45 0.70" in table
     assert "IPO masked ratio: mean 0.2%, max 0.6%" in table
     assert "monitor alerts: clip_rate_low ×1" in table and "kl_spike" not in table
     assert f"LoRA adapter      {tmp_path / 'adapter'}/" in table

@@ -166,6 +166,22 @@ def test_canonical_order_generator_is_order_independent():
     assert first == second and seen[0] == seen[1]
 
 
+def test_canonical_rollout_order_sorts_within_each_example_only():
+    from types import SimpleNamespace
+
+    from trl_ext.quickstart import canonical_rollout_order
+
+    def tree(*actions):
+        return SimpleNamespace(nodes=[SimpleNamespace(turns=[SimpleNamespace(action_ids=a) for a in actions])])
+
+    trees = [tree([5], [1]), tree([2]), tree([9]), tree([1, 1])]
+    inputs = [{"prompt": "p", "context": "a"}, {"prompt": "p", "context": "b"}] * 2  # examples a, b, a, b
+    order = canonical_rollout_order(trees, inputs, "context")
+    assert order == [0, 3, 2, 1]  # a: [5],[1] < [9]; b: [1, 1] < [2]
+    assert [inputs[i]["context"] for i in order] == [row["context"] for row in inputs]
+    assert canonical_rollout_order(trees, inputs[:2], "context") == [0, 1, 2, 3]  # misaligned: left alone
+
+
 def test_prepare_output_dir_errors(tmp_path):
     assert prepare_output_dir(tmp_path / "new" / "dir").is_dir()
     file = tmp_path / "file"

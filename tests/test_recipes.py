@@ -191,8 +191,14 @@ def write_recipe(path: Path, **fields) -> Path:
 
 
 @pytest.mark.slow
-def test_train_command_runs_a_stepwise_recipe_end_to_end(tiny, tmp_path):
+def test_train_command_runs_a_stepwise_recipe_end_to_end(tiny, tmp_path, monkeypatch):
+    import trl_ext.hub
     from trl_ext.cli import main
+
+    pushed = []  # push_to_hub: one trl-ext push at the end (the real upload path is tested in test_hub.py)
+    monkeypatch.setattr(
+        trl_ext.hub, "push_adapter", lambda output_dir, repo_id, **kw: pushed.append((output_dir, repo_id))
+    )
 
     output = tmp_path / "run"
     recipe = write_recipe(
@@ -222,8 +228,11 @@ def test_train_command_runs_a_stepwise_recipe_end_to_end(tiny, tmp_path):
         save_strategy="no",
         disable_tqdm=True,
         output_dir=str(output),
+        push_to_hub=True,
+        hub_model_id="someone/toy-rlm",
     )
     assert main(["train", str(recipe), "--max_steps", "1"]) == 0  # a command-line override wins over the file
+    assert pushed == [(output, "someone/toy-rlm")]
     assert (output / "adapter_config.json").is_file() and (output / "adapter_model.safetensors").is_file()
     assert not (output / "model.safetensors").exists()
     info = json.loads((output / "trl_ext_run.json").read_text())

@@ -66,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="stepwise-rlm (default: the full pipeline), judge-credit or rlmt (miniature runs)",
     )
     quickstart.add_argument("--fast", action="store_true", help="a scaled-down run for CI (well under a minute)")
-    quickstart.add_argument("--steps", type=_positive_int, default=None, help="RL optimizer steps (default: 24)")
+    quickstart.add_argument(
+        "--steps", type=_positive_int, default=None, help="RL optimizer steps (default: 40; --fast: 4)"
+    )
     quickstart.add_argument("--seed", type=_seed, default=0, help="seeds data, model, SFT, RL and evaluation")
     quickstart.add_argument("--no-progress", action="store_true", help="no progress bars")
     quickstart.add_argument("--verbose", action="store_true", help="show the libraries' warnings and logs")
@@ -221,9 +223,12 @@ def format_quickstart_report(result: Any, wall_time_s: float) -> str:
             "tasks seen in neither SFT nor RL)"
         )
         lines.append("")
+    rewards = list(result.train_rewards)
+    if len(rewards) > 12:  # one value per generation batch; keep the line short
+        rewards = [rewards[round(i * (len(rewards) - 1) / 11)] for i in range(12)]
     lines.append(
-        f"  RL steps: {result.train_steps}; training reward {_num(result.reward_first)} at the first step, "
-        f"{_num(result.reward_last)} at the last"
+        f"  RL steps: {result.train_steps}; training reward per generation batch: "
+        + (" ".join(f"{r:.2f}" for r in rewards) or "n/a")
     )
     masked = "IPO masked ratio" if result.masked_ratio_mean is not None else "clip rate"
     lines.append(f"  {masked}: mean {_pct(result.masked_ratio_mean)}, max {_pct(result.masked_ratio_max)}")

@@ -66,13 +66,14 @@ class QuickstartSettings:
     Policy: a Qwen2-architecture model with ``hidden_size`` and ``num_hidden_layers`` (``trl_ext.testing``).
     Teacher: fractions of its *compute* and *shortcut* strategies (`trl_ext.toy_task.ToyTeacher`).
     SFT: epochs, learning rate, batch size (full fine-tuning: the model starts from random weights).
-    RL: optimizer steps, learning rate, prompts per generation × ``num_generations`` rollouts, ``num_iterations``
-    passes over each generation (> 1 makes the later passes off-policy, where the IPO mask acts), LoRA rank/alpha,
+    RL: optimizer steps, learning rate, ``rl_beta`` (KL to the SFT policy: it keeps the lookup program intact while
+    the strategy shifts), prompts per generation × ``num_generations`` rollouts, ``num_iterations`` optimizer steps
+    per generation (the later ones are off-policy, where the IPO mask acts), LoRA rank/alpha,
     ``max_completion_length`` tokens per action, ``max_turns`` per rollout, sampling ``temperature``.
     """
 
     seed: int = 0
-    num_sft_examples: int = 32
+    num_sft_examples: int = 48
     num_rl_examples: int = 480
     num_eval_examples: int = 48
     eval_samples: int = 4
@@ -83,12 +84,12 @@ class QuickstartSettings:
     sft_epochs: float = 60.0
     sft_learning_rate: float = 3e-3
     sft_batch_size: int = 8
-    rl_steps: int = 24
-    rl_learning_rate: float = 2e-3
+    rl_steps: int = 40
+    rl_learning_rate: float = 1e-3
     rl_beta: float = 0.05
     prompts_per_step: int = 8
     num_generations: int = 8
-    num_iterations: int = 2
+    num_iterations: int = 4
     lora_r: int = 16
     lora_alpha: int = 32
     max_completion_length: int = 64
@@ -161,6 +162,7 @@ class QuickstartResult:
     plot_file: Path | None
     reward_first: float | None
     reward_last: float | None
+    train_rewards: list[float]
     masked_ratio_mean: float | None
     masked_ratio_max: float | None
     alerts: dict[str, int]
@@ -500,8 +502,8 @@ class _CanonicalOrderGenerator:
     `RLMEngine` queues a wave's requests in the order the nodes finished their REPL cells, which varies from run to
     run; batched sampling gives row i the i-th random draw, so the same seed would give different rollouts. Sorting
     each call's prompts first makes the (prompt, completion) pairs of a wave a function of the seed alone. Nodes with
-    identical prompts are interchangeable (same history, same REPL state); which of them gets which completion can
-    still vary, so the training batch is reproducible up to the order of such twins.
+    identical prompts are interchangeable (same history, same REPL state), but which of them gets which completion can
+    still vary: `_ordered_trainer_class` puts the rollouts of each group in a canonical order for that.
     """
 
     def __init__(self, inner: Any):
@@ -517,15 +519,45 @@ class _CanonicalOrderGenerator:
 
 
 def _ordered_trainer_class():
+    """`StepwiseRLMTrainer` made reproducible for a fixed seed, whatever order the REPL cells finish in.
+
+    Two things depend on that order in the engine: the row of each request in a batched generator call (fixed by
+    `_CanonicalOrderGenerator`) and which of two interchangeable rollouts of the same example (identical prompts so
+    far) receives which completion. The second reorders the rollouts of one example within the training batch, which
+    changes TRL's shuffled micro-batches and the order of float sums; so the rollouts of each example are put in a
+    canonical order (by their sampled tokens) before the rewards and the rows are built. Permuting the samples of one
+    example is harmless: they share every dataset column.
+    """
     from .trainers import StepwiseRLMTrainer
 
     class OrderedStepwiseRLMTrainer(StepwiseRLMTrainer):
-        """`StepwiseRLMTrainer` whose default generator samples in a canonical order (see `_CanonicalOrderGenerator`)."""
-
         def make_generator(self):
             return _CanonicalOrderGenerator(super().make_generator())
 
+        def run_rollouts(self, prompts):
+            output = super().run_rollouts(prompts)
+            order = canonical_rollout_order(self._rlm_trees, self._rlm_inputs, self.args.context_column)
+            self._rlm_trees = [self._rlm_trees[i] for i in order]
+            return {key: [values[i] for i in order] for key, values in output.items()}
+
     return OrderedStepwiseRLMTrainer
+
+
+def canonical_rollout_order(trees: Sequence[Any], inputs: Sequence[dict[str, Any]], context_column: str) -> list[int]:
+    """A permutation that sorts the rollouts of each example (same prompt and context) by their sampled tokens and
+    leaves every rollout in a slot of its own example."""
+    if len(inputs) != len(trees):
+        return list(range(len(trees)))
+    slots: dict[str, list[int]] = {}
+    for index, row in enumerate(inputs):
+        key = json.dumps([row.get("prompt"), row.get(context_column)], sort_keys=True, default=str)
+        slots.setdefault(key, []).append(index)
+    order = list(range(len(trees)))
+    for indices in slots.values():
+        ranked = sorted(indices, key=lambda i: [[turn.action_ids for turn in node.turns] for node in trees[i].nodes])
+        for slot, source in zip(indices, ranked):
+            order[slot] = source
+    return order
 
 
 def evaluate_policy(
@@ -851,6 +883,7 @@ def _result_from_history(
         plot_file=plot_file,
         reward_first=rewards[0] if rewards else None,
         reward_last=rewards[-1] if rewards else None,
+        train_rewards=rewards,
         masked_ratio_mean=statistics.fmean(masked) if masked else None,
         masked_ratio_max=max(masked) if masked else None,
         alerts=dict(sorted(alerts.items())),

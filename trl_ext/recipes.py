@@ -442,10 +442,20 @@ def build_trainer(
 
 
 def train_from_recipe(recipe: Recipe, **build_kwargs: Any) -> Any:
-    """Build, train, save (adapter or model, trainer state, ``trl_ext_run.json``, ``monitors.png``) and push when
-    ``push_to_hub`` is set; returns the trainer. What ``trl-ext train`` runs."""
-    trainer = build_trainer(recipe, **build_kwargs)
+    """Build, train, save (adapter or model, trainer state, ``trl_ext_run.json``, ``monitors.png``) and, when
+    ``push_to_hub`` is set, push the adapter with a model card (`trl_ext.hub.push_adapter`); returns the trainer.
+    What ``trl-ext train`` runs.
+
+    ``push_to_hub`` is handled here, not by `transformers.Trainer` (which would push every checkpoint with its own
+    card): one commit at the end, adapter files only, to ``hub_model_id`` (default: the output folder's name under
+    your account).
+    """
     args = recipe.training_args
+    push_repo = None
+    if args.push_to_hub:
+        push_repo = args.hub_model_id or Path(args.output_dir).name
+        args.push_to_hub = False
+    trainer = build_trainer(recipe, **build_kwargs)
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     trainer.save_model(args.output_dir)
     trainer.save_state()
@@ -459,13 +469,17 @@ def train_from_recipe(recipe: Recipe, **build_kwargs: Any) -> Any:
                 plot_run(output_dir, out=output_dir / PLOT_FILE)
             except (ImportError, ValueError, FileNotFoundError) as error:
                 logger.warning("No monitors plot: %s", error)
-        if args.push_to_hub:
+        if push_repo is not None:
             from .hub import push_adapter
 
-            repo_id = args.hub_model_id or output_dir.name
-            push_adapter(
-                output_dir, repo_id, private=bool(getattr(args, "hub_private_repo", False)), token=args.hub_token
+            if "/" not in push_repo:
+                from huggingface_hub import HfApi
+
+                push_repo = f"{HfApi(token=args.hub_token).whoami()['name']}/{push_repo}"
+            info = push_adapter(
+                output_dir, push_repo, private=bool(getattr(args, "hub_private_repo", False)), token=args.hub_token
             )
+            logger.info("Pushed the adapter to %s", getattr(info, "commit_url", push_repo))
     trainer.accelerator.wait_for_everyone()
     return trainer
 

@@ -1,32 +1,35 @@
-"""The quickstart's built-in toy task: look a key up in a few ``key=value`` pairs, inside the RLM scaffold.
+"""The quickstart's built-in toy task: look one key up in a few ``key=value`` pairs, inside the RLM scaffold.
 
-Each example is a question (``"What is the value of f?"``, the RLM *task*), a context (``"c=41 a=73 f=13 b=90"``,
-the REPL variable ``context``) and the answer (``"13"``); the reward is exact match of the final answer.
+An example is a context (the REPL variable ``context``)::
 
-A scripted **teacher** (an OpenAI-compatible chat endpoint on 127.0.0.1, `ScriptedChatServer`) plays the policy
-in the real scaffold to produce the cold-start traces. It is always right, but it solves the task in one of two
-ways, chosen per example by a seeded draw:
+    c=41 a=73 f=13 b=90
+    key: f
 
-- *compute* (a minority of traces): let the REPL find the value, then return the variable::
+the task ``"Give the value of the key named on the last line of the context."`` (restated every turn) and the
+answer ``"13"``. The reward is exact match of the final answer (`exact_match_reward`).
+
+A scripted **teacher** (`ToyTeacher`, served by `trl_ext.testing_server.ScriptedChatServer` on 127.0.0.1) plays the
+policy in the real scaffold to produce the cold-start traces. It first prints the context, then answers with one of
+three strategies, drawn per example:
+
+- *compute* — let the REPL find the value and return the variable (`COMPUTE_ACTION`)::
 
       ```repl
-      answer = context.split('f=')[1].split()[0]
-      print(answer)
+      key = context[-1]
+      answer = context.split(key + '=')[1][:2]
       ```
       FINAL_VAR(answer)
 
-- *read* (the majority): print the context, then copy the value out of the REPL output::
+- *shortcut* — the first pair's value (`SHORTCUT_ACTION`): right only when the asked key comes first; the reward
+  filter keeps exactly those traces, so the shortcut slips into the SFT set by luck, as it would with a small
+  holdout;
+- *read* — copy the value out of the printed context: ``FINAL(13)``.
 
-      ```repl
-      print(context)
-      ```
-      FINAL(13)
-
-Both are correct for the teacher. For a tiny policy they are not equally easy: *compute* needs one character
-copied from the question, *read* needs the right two digits found and copied from the REPL output. After
-cold-start SFT the policy writes the scaffold's format (a ```repl block, then a ``FINAL``) but mostly imitates the
-*read* traces and gets many values wrong; exact-match RL on the rest of the data learns to let the REPL do the
-work, which is the RLM lesson in miniature. The held-out reward before and after RL measures that.
+The teacher is right every time it answers by *compute* or *read*. A tiny policy is not: the *compute* program is the
+same text whatever the example, while *read* needs the right two digits found and copied out of the REPL output. So
+after cold-start SFT the policy writes the scaffold's format (a ```repl block, then ``FINAL``/``FINAL_VAR``) but
+mostly copies by hand and is usually wrong; exact-match RL learns to let the REPL do the work — the RLM lesson in
+miniature — and the held-out reward before and after RL measures that.
 """
 
 from __future__ import annotations
