@@ -161,6 +161,7 @@ def test_quickstart_fast_end_to_end(tmp_path, capsys):
         "LoRA adapter",
     ):
         assert line in printed, line
+    assert "{'loss'" not in printed  # the trainers' per-step log dicts go to the state and the plot, not the screen
     for path in (
         "adapter/adapter_config.json",
         "adapter/adapter_model.safetensors",

@@ -20,6 +20,8 @@ from trl_ext.recipes import (
     resolve_reward_funcs,
 )
 
+from .fake_hub import TOKEN, FakeHub
+
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 ACCELERATE = RECIPES / "accelerate"
 
@@ -192,13 +194,13 @@ def write_recipe(path: Path, **fields) -> Path:
 
 @pytest.mark.slow
 def test_train_command_runs_a_stepwise_recipe_end_to_end(tiny, tmp_path, monkeypatch):
-    import trl_ext.hub
+    """`trl-ext train` on the tiny model: trains, saves the adapter, the run file and the plot, then pushes the adapter
+    once, to a local Hub endpoint (`FakeHub`), under the token owner's namespace when ``hub_model_id`` has none."""
+    import huggingface_hub.constants
+
     from trl_ext.cli import main
 
-    pushed = []  # push_to_hub: one trl-ext push at the end (the real upload path is tested in test_hub.py)
-    monkeypatch.setattr(
-        trl_ext.hub, "push_adapter", lambda output_dir, repo_id, **kw: pushed.append((output_dir, repo_id))
-    )
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # the "Hub" is on 127.0.0.1
 
     output = tmp_path / "run"
     recipe = write_recipe(
@@ -229,10 +231,19 @@ def test_train_command_runs_a_stepwise_recipe_end_to_end(tiny, tmp_path, monkeyp
         disable_tqdm=True,
         output_dir=str(output),
         push_to_hub=True,
-        hub_model_id="someone/toy-rlm",
+        hub_model_id="toy-rlm",
+        hub_token=TOKEN,
     )
-    assert main(["train", str(recipe), "--max_steps", "1"]) == 0  # a command-line override wins over the file
-    assert pushed == [(output, "someone/toy-rlm")]
+    with FakeHub(user="someone") as hub:
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)
+        assert main(["train", str(recipe), "--max_steps", "1"]) == 0  # a command-line override wins over the file
+    [commit] = hub.commits  # one commit at the end, not one per checkpoint
+    assert commit["repo_id"] == "someone/toy-rlm"
+    assert {"adapter_config.json", "adapter_model.safetensors", "README.md", "trl_ext_run.json"} <= set(
+        commit["files"]
+    )
+    assert not any(name.startswith("model") for name in commit["files"])
+    assert "StepwiseRLMTrainer" in commit["files"]["README.md"].decode()
     assert (output / "adapter_config.json").is_file() and (output / "adapter_model.safetensors").is_file()
     assert not (output / "model.safetensors").exists()
     info = json.loads((output / "trl_ext_run.json").read_text())

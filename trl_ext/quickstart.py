@@ -625,8 +625,9 @@ def evaluate_policy(
 
 
 def _quiet_progress(trainer: Any) -> None:
-    """Keep the trainer's progress bar but not its printing of every log dict (the logs still reach the state)."""
-    from transformers.trainer_callback import ProgressCallback
+    """Keep the trainer's progress bar but not its printing of every log dict, with or without bars (the logs still
+    reach the trainer state, the monitors and the plot)."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     class BarOnlyProgress(ProgressCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -635,6 +636,8 @@ def _quiet_progress(trainer: Any) -> None:
     if any(type(cb) is ProgressCallback for cb in trainer.callback_handler.callbacks):
         trainer.remove_callback(ProgressCallback)
         trainer.add_callback(BarOnlyProgress())
+    if any(type(cb) is PrinterCallback for cb in trainer.callback_handler.callbacks):  # disable_tqdm=True
+        trainer.remove_callback(PrinterCallback)
 
 
 def _progress_bar(total: int, description: str, enabled: bool) -> Any:
