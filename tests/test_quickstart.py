@@ -171,8 +171,9 @@ def test_canonical_rollout_order_sorts_within_each_example_only():
 
     from trl_ext.quickstart import canonical_rollout_order
 
-    def tree(*actions):
-        return SimpleNamespace(nodes=[SimpleNamespace(turns=[SimpleNamespace(action_ids=a) for a in actions])])
+    def tree(*actions, logprob=-0.5):
+        turns = [SimpleNamespace(action_ids=a, logprobs=[logprob] * len(a)) for a in actions]
+        return SimpleNamespace(nodes=[SimpleNamespace(turns=turns)])
 
     trees = [tree([5], [1]), tree([2]), tree([9]), tree([1, 1])]
     inputs = [{"prompt": "p", "context": "a"}, {"prompt": "p", "context": "b"}] * 2  # examples a, b, a, b
@@ -180,6 +181,14 @@ def test_canonical_rollout_order_sorts_within_each_example_only():
     assert order == [0, 3, 2, 1]  # a: [5],[1] < [9]; b: [1, 1] < [2]
     assert [inputs[i]["context"] for i in order] == [row["context"] for row in inputs]
     assert canonical_rollout_order(trees, inputs[:2], "context") == [0, 1, 2, 3]  # misaligned: left alone
+
+    # Twins: the same tokens, log-probs that differ in the last bits (another row of the batched generation). Either
+    # arrival order gives the same batch.
+    twins = [tree([7], logprob=-0.25000003), tree([7], logprob=-0.25)]
+    same = [{"prompt": "p", "context": "a"}] * 2
+    assert [twins[i] for i in canonical_rollout_order(twins, same, "context")] == [twins[0], twins[1]]
+    swapped = twins[::-1]
+    assert [swapped[i] for i in canonical_rollout_order(swapped, same, "context")] == [twins[0], twins[1]]
 
 
 def test_prepare_output_dir_errors(tmp_path):

@@ -255,6 +255,65 @@ def test_train_command_runs_a_stepwise_recipe_end_to_end(tiny, tmp_path, monkeyp
     assert list((output / "rlm_trees").glob("*.jsonl"))
 
 
+@pytest.mark.slow
+def test_train_command_runs_in_two_processes(tiny, tmp_path):
+    """`trl-ext train` as `accelerate launch -m trl_ext.cli train` runs it on GPUs: one process per device, started by
+    torch's launcher (what `accelerate launch --multi_gpu` wraps; Accelerate reads the same environment). Here two
+    CPU processes with gloo: both generate and train, rank 0 alone writes the outputs and pushes once."""
+    import os
+    import subprocess
+    import sys
+
+    output = tmp_path / "run"
+    recipe = write_recipe(
+        tmp_path / "toy.yaml",
+        trainer="stepwise_rlm",
+        model_name_or_path=str(tiny / "policy"),
+        dtype="float32",
+        use_peft=True,
+        lora_r=4,
+        lora_alpha=8,
+        lora_target_modules=["q_proj", "v_proj"],
+        datasets=[{"path": "json", "data_files": str(tiny / "train.jsonl"), "split": "train"}],
+        reward_funcs=["trl_ext.toy_task:exact_match_reward"],
+        max_turns=2,
+        max_depth=0,
+        loss_type="ipo",
+        num_generations=4,
+        per_device_train_batch_size=4,  # 2 processes x 4 rows = 2 prompts x 4 rollouts per step
+        max_completion_length=8,
+        max_steps=2,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        output_dir=str(output),
+        push_to_hub=True,
+        hub_model_id="org/toy-rlm",
+    )
+    with FakeHub() as hub:
+        env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN, "HF_HUB_OFFLINE": "0", "OMP_NUM_THREADS": "1"}
+        result = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0"]
+            + ["-m", "trl_ext.cli", "train", str(recipe)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.count("trl-ext train: done") == 1
+    trees = sorted(path.name for path in (output / "rlm_trees").glob("*.jsonl"))
+    assert trees == [f"train-step{step:06d}-rank{rank}.jsonl" for step in (0, 1) for rank in (0, 1)]
+    info = json.loads((output / "trl_ext_run.json").read_text())
+    assert info["steps"] == 2
+    assert (output / "adapter_model.safetensors").is_file()
+    [commit] = hub.commits
+    assert commit["repo_id"] == "org/toy-rlm" and "adapter_model.safetensors" in commit["files"]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Errors and reward resolution
 # ----------------------------------------------------------------------------------------------------------------

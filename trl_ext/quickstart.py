@@ -25,6 +25,7 @@ Nothing here prints: progress goes through ``log`` (the CLI passes ``print``) an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -33,7 +34,7 @@ import re
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -217,15 +218,39 @@ def run_quickstart(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     started = time.perf_counter()
-    if method == "stepwise-rlm":
-        result = _run_stepwise(output, settings, fast, progress, say)
-    elif method == "judge-credit":
-        result = _run_judge_credit(output, settings, fast, progress, say)
-    else:
-        result = _run_rlmt(output, settings, fast, progress, say)
+    with _library_progress_bars(progress):
+        if method == "stepwise-rlm":
+            result = _run_stepwise(output, settings, fast, progress, say)
+        elif method == "judge-credit":
+            result = _run_judge_credit(output, settings, fast, progress, say)
+        else:
+            result = _run_rlmt(output, settings, fast, progress, say)
     result.wall_time_s = time.perf_counter() - started
     write_run_info(output, result, settings)
     return result
+
+
+@contextlib.contextmanager
+def _library_progress_bars(enabled: bool) -> Iterator[None]:
+    """Without ``progress``, also silence the bars transformers and datasets draw themselves (saving shards, mapping
+    datasets); restored afterwards."""
+    if enabled:
+        yield
+        return
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    transformers_on = hf_logging.is_progress_bar_enabled()
+    datasets_on = datasets.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if transformers_on:
+            hf_logging.enable_progress_bar()
+        if datasets_on:
+            datasets.enable_progress_bars()
 
 
 def prepare_output_dir(output_dir: str | os.PathLike[str]) -> Path:
@@ -554,10 +579,18 @@ def canonical_rollout_order(trees: Sequence[Any], inputs: Sequence[dict[str, Any
         slots.setdefault(key, []).append(index)
     order = list(range(len(trees)))
     for indices in slots.values():
-        ranked = sorted(indices, key=lambda i: [[turn.action_ids for turn in node.turns] for node in trees[i].nodes])
+        ranked = sorted(indices, key=lambda i: _rollout_sort_key(trees[i]))
         for slot, source in zip(indices, ranked):
             order[slot] = source
     return order
+
+
+def _rollout_sort_key(tree: Any) -> tuple[list[Any], list[Any]]:
+    """Sampled tokens first, then their log-probs: two rollouts with the same tokens can differ in the last bits of
+    their log-probs (batched generation rounds each row of a batch a little differently), and those reach the loss."""
+    tokens = [[list(turn.action_ids) for turn in node.turns] for node in tree.nodes]
+    logprobs = [[list(turn.logprobs or []) for turn in node.turns] for node in tree.nodes]
+    return tokens, logprobs
 
 
 def evaluate_policy(
