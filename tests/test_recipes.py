@@ -192,6 +192,40 @@ def write_recipe(path: Path, **fields) -> Path:
     return path
 
 
+def toy_stepwise_recipe(tiny: Path, output: Path, **fields) -> dict:
+    """A `stepwise_rlm` recipe for the tiny model on CPU (2 steps, IPO, LoRA), pushing to the Hub; ``fields``
+    override."""
+    return {
+        "trainer": "stepwise_rlm",
+        "model_name_or_path": str(tiny / "policy"),
+        "dtype": "float32",
+        "use_peft": True,
+        "lora_r": 4,
+        "lora_alpha": 8,
+        "lora_target_modules": ["q_proj", "v_proj"],
+        "datasets": [{"path": "json", "data_files": str(tiny / "train.jsonl"), "split": "train"}],
+        "reward_funcs": ["trl_ext.toy_task:exact_match_reward"],
+        "max_turns": 2,
+        "max_depth": 0,
+        "loss_type": "ipo",
+        "num_generations": 4,
+        "per_device_train_batch_size": 8,
+        "max_completion_length": 8,
+        "max_steps": 2,
+        "learning_rate": 1.0e-3,
+        "use_cpu": True,
+        "bf16": False,
+        "gradient_checkpointing": False,
+        "report_to": "none",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "disable_tqdm": True,
+        "output_dir": str(output),
+        "push_to_hub": True,
+        **fields,
+    }
+
+
 @pytest.mark.slow
 def test_train_command_runs_a_stepwise_recipe_end_to_end(tiny, tmp_path, monkeypatch):
     """`trl-ext train` on the tiny model: trains, saves the adapter, the run file and the plot, then pushes the adapter
@@ -204,35 +238,7 @@ def test_train_command_runs_a_stepwise_recipe_end_to_end(tiny, tmp_path, monkeyp
 
     output = tmp_path / "run"
     recipe = write_recipe(
-        tmp_path / "toy.yaml",
-        trainer="stepwise_rlm",
-        model_name_or_path=str(tiny / "policy"),
-        dtype="float32",
-        use_peft=True,
-        lora_r=4,
-        lora_alpha=8,
-        lora_target_modules=["q_proj", "v_proj"],
-        datasets=[{"path": "json", "data_files": str(tiny / "train.jsonl"), "split": "train"}],
-        reward_funcs=["trl_ext.toy_task:exact_match_reward"],
-        max_turns=2,
-        max_depth=0,
-        loss_type="ipo",
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_completion_length=8,
-        max_steps=2,
-        learning_rate=1.0e-3,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-        output_dir=str(output),
-        push_to_hub=True,
-        hub_model_id="toy-rlm",
-        hub_token=TOKEN,
+        tmp_path / "toy.yaml", **toy_stepwise_recipe(tiny, output, hub_model_id="toy-rlm", hub_token=TOKEN)
     )
     with FakeHub(user="someone") as hub:
         monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)
@@ -267,31 +273,8 @@ def test_train_command_runs_in_two_processes(tiny, tmp_path):
     output = tmp_path / "run"
     recipe = write_recipe(
         tmp_path / "toy.yaml",
-        trainer="stepwise_rlm",
-        model_name_or_path=str(tiny / "policy"),
-        dtype="float32",
-        use_peft=True,
-        lora_r=4,
-        lora_alpha=8,
-        lora_target_modules=["q_proj", "v_proj"],
-        datasets=[{"path": "json", "data_files": str(tiny / "train.jsonl"), "split": "train"}],
-        reward_funcs=["trl_ext.toy_task:exact_match_reward"],
-        max_turns=2,
-        max_depth=0,
-        loss_type="ipo",
-        num_generations=4,
-        per_device_train_batch_size=4,  # 2 processes x 4 rows = 2 prompts x 4 rollouts per step
-        max_completion_length=8,
-        max_steps=2,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-        output_dir=str(output),
-        push_to_hub=True,
-        hub_model_id="org/toy-rlm",
+        # 2 processes x 4 rows = 2 prompts x 4 rollouts per step
+        **toy_stepwise_recipe(tiny, output, per_device_train_batch_size=4, hub_model_id="org/toy-rlm"),
     )
     with FakeHub() as hub:
         env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN, "HF_HUB_OFFLINE": "0", "OMP_NUM_THREADS": "1"}
