@@ -279,12 +279,12 @@ def test_train_command_runs_in_two_processes(tiny, tmp_path):
     with FakeHub() as hub:
         env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN, "HF_HUB_OFFLINE": "0", "OMP_NUM_THREADS": "1"}
         result = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0"]
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
             + ["-m", "trl_ext.cli", "train", str(recipe)],
             capture_output=True,
             text=True,
             env=env,
-            timeout=600,
+            timeout=300,
         )
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout.count("trl-ext train: done") == 1
