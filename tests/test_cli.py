@@ -186,3 +186,20 @@ def test_quickstart_fast_end_to_end(tmp_path, capsys):
         assert 0.0 <= info["metrics"][key] <= 1.0
     adapter = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert adapter["r"] == 16 and adapter["peft_type"] == "LORA"
+
+
+def test_readme_set_up_commands_are_what_ci_runs():
+    """The README's two set-up commands come first; `.ci/run` runs the test command exactly; the quickstart command
+    installs the plot extra (the learning curve)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = root / "README.md"
+    block = readme.read_text(encoding="utf-8").split("```bash", 1)[1].split("```", 1)[0]
+    commands = [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
+    assert len(commands) == 2
+    quickstart, tests = commands
+    assert quickstart.endswith("trl-ext quickstart") and '".[plot]"' in quickstart
+    assert tests.endswith("python -m pytest -q")
+    ci = (root / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert tests in ci
