@@ -39,13 +39,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .hub import PLOT_FILE, RUN_INFO_FILE
+
 logger = logging.getLogger(__name__)
 
 METHODS = ("stepwise-rlm", "judge-credit", "rlmt")
-RUN_INFO_FILE = "trl_ext_run.json"
 ADAPTER_DIR = "adapter"
 SFT_MODEL_DIR = "sft_model"
-PLOT_FILE = "monitors.png"
 
 _METHOD_TRAINERS = {
     "stepwise-rlm": "StepwiseRLMTrainer",
@@ -406,9 +406,7 @@ def _run_stepwise(
     )
     _quiet_progress(trainer)
     trainer.train()
-    trainer.save_state()
-    adapter_dir = output / ADAPTER_DIR
-    trainer.save_model(str(adapter_dir))
+    adapter_dir = _save_adapter_and_state(trainer, output)
     times["rl"] = time.perf_counter() - tick
 
     # 6. evaluation after RL, plot ------------------------------------------------------------------------------
@@ -456,12 +454,8 @@ def toy_rl_config_kwargs(settings: QuickstartSettings, output: Path, progress: b
     from .toy_task import TOY_FIRST_USER_PROMPT, TOY_SYSTEM_PROMPT, TOY_USER_PROMPT
 
     return dict(
-        output_dir=str(output),
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
+        **_cpu_run_kwargs(output, settings, progress),
         activation_checkpointing=False,  # a tiny model on the CPU: recomputing activations only costs time
-        seed=settings.seed,
         loss_type="ipo",
         learning_rate=settings.rl_learning_rate,
         lr_scheduler_type="constant",
@@ -473,9 +467,6 @@ def toy_rl_config_kwargs(settings: QuickstartSettings, output: Path, progress: b
         num_iterations=settings.num_iterations,
         max_completion_length=settings.max_completion_length,
         temperature=settings.temperature,
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=not progress,
         max_turns=settings.max_turns,
         max_depth=0,
         rlm_system_prompt=TOY_SYSTEM_PROMPT,
@@ -747,28 +738,14 @@ def _run_judge_credit(
     from .testing_server import ScriptedChatServer
     from .trainers import JudgeCreditConfig, JudgeCreditTrainer
 
-    steps = settings.rl_steps if not fast else 2
-    steps = min(steps, 8)
     model, tokenizer = build_tiny_model_and_tokenizer(settings.seed, initializer_range=0.5)
     dataset = _arithmetic_dataset(64, settings.seed)
     judge = ScriptedSpanJudge()
     say("[1/2] scripted span judge on 127.0.0.1 (OpenAI-compatible); tiny policy, arithmetic prompts")
     with ScriptedChatServer(judge, model="scripted-span-judge") as server:
         config = JudgeCreditConfig(
-            output_dir=str(output),
-            use_cpu=True,
-            bf16=False,
-            report_to="none",
-            seed=settings.seed,
-            max_steps=steps,
-            learning_rate=5e-3,
-            per_device_train_batch_size=8,
-            num_generations=4,
-            num_iterations=2,
+            **_miniature_run_kwargs(output, settings, fast, progress),
             max_completion_length=16,
-            logging_steps=1,
-            save_strategy="no",
-            disable_tqdm=not progress,
             judge_base_url=server.base_url,
             judge_model="scripted-span-judge",
             judge_tools=[],
@@ -778,24 +755,20 @@ def _run_judge_credit(
             marker_every=4,
         )
         monitors = default_monitors()
-        say(f"[2/2] JudgeCreditTrainer: {steps} steps, IPO loss, λ = 0.25, LoRA, default monitors")
+        say(f"[2/2] JudgeCreditTrainer: {config.max_steps} steps, IPO loss, λ = 0.25, LoRA, default monitors")
         trainer = JudgeCreditTrainer(
             model,
             last_number_reward,
             args=config,
             train_dataset=dataset,
             processing_class=tokenizer,
-            peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"),
+            peft_config=LoraConfig(**_MINIATURE_LORA),
             callbacks=monitors,
         )
         _quiet_progress(trainer)
-        trainer.train()
-    trainer.save_state()
-    adapter_dir = output / ADAPTER_DIR
-    trainer.save_model(str(adapter_dir))
-    plot_file = _plot(output, say)
+        trainer.train()  # inside the `with`: the judge server must be up
+    result = _save_miniature_run("judge-credit", trainer, monitors, output, settings, fast, say)
     history = trainer.state.log_history
-    result = _result_from_history("judge-credit", output, settings, fast, history, monitors, adapter_dir, plot_file)
     result.extra = {
         "base_model": "trl_ext.testing.build_tiny_model_and_tokenizer (in memory, not on disk)",
         "config": _config_summary(config),
@@ -818,8 +791,6 @@ def _run_rlmt(
     from .testing import build_tiny_model_and_tokenizer, build_tiny_reward_model
     from .trainers import RLMTConfig, RLMTTrainer
 
-    steps = settings.rl_steps if not fast else 2
-    steps = min(steps, 8)
     policy, tokenizer = build_tiny_model_and_tokenizer(settings.seed, initializer_range=0.5)
     reward_model, rm_tokenizer = build_tiny_reward_model(settings.seed + 1, initializer_range=0.5)
     scorer = RewardModelScorer(reward_model, rm_tokenizer, format="instruct", strict=False)
@@ -827,42 +798,29 @@ def _run_rlmt(
     dataset = Dataset.from_dict({"prompt": [prompts[i % len(prompts)] for i in range(48)]})
     say("[1/2] tiny policy and tiny reward model (scores the response only; lenient format for the untrained policy)")
     config = RLMTConfig(
-        output_dir=str(output),
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        seed=settings.seed,
-        max_steps=steps,
-        learning_rate=5e-3,
-        per_device_train_batch_size=8,
-        num_generations=4,
-        num_iterations=2,
+        **_miniature_run_kwargs(output, settings, fast, progress),
         max_completion_length=24,
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=not progress,
         loss_type="ipo",
         strict_format=False,
     )
     monitors = default_monitors()
-    say(f"[2/2] RLMTTrainer: {steps} steps, instruct format, IPO loss, LoRA, β = {config.beta}, default monitors")
+    say(
+        f"[2/2] RLMTTrainer: {config.max_steps} steps, instruct format, IPO loss, LoRA, β = {config.beta}, "
+        "default monitors"
+    )
     trainer = RLMTTrainer(
         policy,
         scorer,
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"),
+        peft_config=LoraConfig(**_MINIATURE_LORA),
         callbacks=monitors,
     )
     _quiet_progress(trainer)
     trainer.train()
-    trainer.save_state()
-    adapter_dir = output / ADAPTER_DIR
-    trainer.save_model(str(adapter_dir))
-    plot_file = _plot(output, say)
+    result = _save_miniature_run("rlmt", trainer, monitors, output, settings, fast, say)
     history = trainer.state.log_history
-    result = _result_from_history("rlmt", output, settings, fast, history, monitors, adapter_dir, plot_file)
     result.extra = {
         "base_model": "trl_ext.testing.build_tiny_model_and_tokenizer (in memory, not on disk)",
         "reward_model": "trl_ext.testing.build_tiny_reward_model (in memory)",
@@ -875,6 +833,62 @@ def _run_rlmt(
 # ----------------------------------------------------------------------------------------------------------------
 # Shared helpers
 # ----------------------------------------------------------------------------------------------------------------
+_MINIATURE_LORA = {"r": 8, "lora_alpha": 16, "target_modules": "all-linear"}
+
+
+def _cpu_run_kwargs(output: Path, settings: QuickstartSettings, progress: bool) -> dict[str, Any]:
+    """Config fields every quickstart trainer shares: the CPU, no tracker, the seed, a log line per step, no
+    checkpoints (the adapter is saved at the end), bars only with ``progress``."""
+    return dict(
+        output_dir=str(output),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        seed=settings.seed,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=not progress,
+    )
+
+
+def _miniature_run_kwargs(output: Path, settings: QuickstartSettings, fast: bool, progress: bool) -> dict[str, Any]:
+    """The judge-credit and RLMT miniatures' shared settings: at most 8 steps (2 with ``fast``), 2 prompts x 4
+    completions per step, each batch used twice."""
+    return dict(
+        **_cpu_run_kwargs(output, settings, progress),
+        max_steps=min(2 if fast else settings.rl_steps, 8),
+        learning_rate=5e-3,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        num_iterations=2,
+    )
+
+
+def _save_adapter_and_state(trainer: Any, output: Path) -> Path:
+    """Save the trained run: ``trainer_state.json`` (the log history the plot reads) and the adapter."""
+    trainer.save_state()
+    adapter_dir = output / ADAPTER_DIR
+    trainer.save_model(str(adapter_dir))
+    return adapter_dir
+
+
+def _save_miniature_run(
+    method: str,
+    trainer: Any,
+    monitors: Sequence[Any],
+    output: Path,
+    settings: QuickstartSettings,
+    fast: bool,
+    say: Callable[[str], None],
+) -> QuickstartResult:
+    """Save a trained miniature run, draw its plot and read its result from the log history."""
+    adapter_dir = _save_adapter_and_state(trainer, output)
+    plot_file = _plot(output, say)
+    return _result_from_history(
+        method, output, settings, fast, trainer.state.log_history, monitors, adapter_dir, plot_file
+    )
+
+
 def _plot(output: Path, say: Callable[[str], None]) -> Path | None:
     from .callbacks import plot_run
 

@@ -53,6 +53,8 @@ from typing import Any
 
 from trl import ScriptArguments
 
+from .hub import PLOT_FILE, RUN_INFO_FILE
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -70,8 +72,6 @@ __all__ = [
     "write_run_info",
 ]
 
-RUN_INFO_FILE = "trl_ext_run.json"
-PLOT_FILE = "monitors.png"
 
 # trainer name -> (module, config class, trainer class)
 TRAINERS: dict[str, tuple[str, str, str]] = {
