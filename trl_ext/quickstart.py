@@ -69,8 +69,11 @@ class QuickstartSettings:
     SFT: epochs, learning rate, batch size (full fine-tuning: the model starts from random weights).
     RL: optimizer steps, learning rate, ``rl_beta`` (KL to the SFT policy: it keeps the lookup program intact while
     the strategy shifts), prompts per generation × ``num_generations`` rollouts, ``num_iterations`` optimizer steps
-    per generation (the later ones are off-policy, where the IPO mask acts), LoRA rank/alpha,
-    ``max_completion_length`` tokens per action, ``max_turns`` per rollout, sampling ``temperature``.
+    per generation (the later ones are off-policy, where the IPO mask acts), ``rl_micro_batches`` the generation
+    batch is split into (gradient accumulation: the same optimizer step, a quarter of the activation memory), LoRA
+    rank/alpha, ``max_completion_length`` tokens per action, ``max_turns`` per rollout (the task takes two: look at
+    the context, then answer; a third turn only repeats a longer prompt after a failed one), sampling
+    ``temperature``.
     """
 
     seed: int = 0
@@ -87,14 +90,15 @@ class QuickstartSettings:
     sft_batch_size: int = 8
     rl_steps: int = 40
     rl_learning_rate: float = 1e-3
-    rl_beta: float = 0.05
+    rl_beta: float = 0.2
     prompts_per_step: int = 8
     num_generations: int = 8
     num_iterations: int = 4
+    rl_micro_batches: int = 4
     lora_r: int = 16
     lora_alpha: int = 32
     max_completion_length: int = 64
-    max_turns: int = 3
+    max_turns: int = 2
     temperature: float = 1.0
 
     @classmethod
@@ -123,6 +127,7 @@ class QuickstartSettings:
             "rl_steps",
             "prompts_per_step",
             "num_iterations",
+            "rl_micro_batches",
             "max_turns",
         ):
             value = getattr(self, name)
@@ -131,6 +136,12 @@ class QuickstartSettings:
         if self.num_generations < 2:
             raise ValueError(
                 f"num_generations must be >= 2 (group advantages need a group), got {self.num_generations}."
+            )
+        rollouts = self.prompts_per_step * self.num_generations
+        if rollouts % self.rl_micro_batches:
+            raise ValueError(
+                f"rl_micro_batches={self.rl_micro_batches} must divide the {rollouts} rollouts of a generation batch "
+                "(prompts_per_step x num_generations)."
             )
         if not self.sft_epochs > 0:
             raise ValueError(f"sft_epochs must be > 0, got {self.sft_epochs!r}.")
@@ -461,8 +472,10 @@ def toy_rl_config_kwargs(settings: QuickstartSettings, output: Path, progress: b
         lr_scheduler_type="constant",
         beta=settings.rl_beta,  # KL to the SFT policy (the adapter disabled): keeps the lookup program intact
         max_steps=settings.rl_steps,
-        # one micro-batch per generation, reused num_iterations times: the later passes are off-policy (IPO acts)
-        per_device_train_batch_size=settings.prompts_per_step * settings.num_generations,
+        # one optimizer step per pass over the generation batch (split into rl_micro_batches accumulated
+        # micro-batches), num_iterations passes per generation: the later ones are off-policy (IPO acts)
+        per_device_train_batch_size=settings.prompts_per_step * settings.num_generations // settings.rl_micro_batches,
+        gradient_accumulation_steps=settings.rl_micro_batches,
         num_generations=settings.num_generations,
         num_iterations=settings.num_iterations,
         max_completion_length=settings.max_completion_length,
