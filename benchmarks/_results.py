@@ -15,8 +15,10 @@ HEADER = (
 )
 
 
-def machine() -> str:
-    return f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}, {date.today()}"
+def machine(threads: bool = True) -> str:
+    """The machine line of a section; ``threads=False`` for benchmarks whose runs set their own thread counts."""
+    count = f"{torch.get_num_threads()} torch threads, " if threads else ""
+    return f"{platform.machine()}, {count}torch {torch.__version__}, {date.today()}"
 
 
 def write_section(name: str, body: str) -> None:
