@@ -185,13 +185,13 @@ def spread_lines(runs: list[Run], command: str) -> str:
         "",
         f"**Gain over the {len(counted)} distinct runs: {min(gains):+.2f} to {max(gains):+.2f}** (mean "
         f"{statistics.fmean(gains):+.3f}, standard deviation {statistics.pstdev(gains):.3f}); the share of "
-        f"hand-copied answers drops by {min(drops):.0%} to {max(drops):.0%}. Wall time alone on the machine with 2 "
+        f"hand-copied answers drops by {100 * min(drops):.0f} to {100 * max(drops):.0f} percentage points. Wall time alone on the machine with 2 "
         f"threads: {min(m.wall_s for m in alone) / 60:.1f} to {max(m.wall_s for m in alone) / 60:.1f} min; peak "
         f"resident memory of the process tree (trainer and REPL interpreters, sampled every 0.2 s): {min(peaks):.1f} "
         f"to {max(peaks):.1f} GB.",
         "",
         "The CI test (`tests/test_quickstart.py::test_default_quickstart_learns`, seed 0) asserts a drop of the "
-        f"copied share ≥ {CI_COPY_DROP_BOUND:.0%} ({_verdict(min(drops), CI_COPY_DROP_BOUND)}) and gain ≥ "
+        f"copied share ≥ {100 * CI_COPY_DROP_BOUND:.0f} points ({_verdict(min(drops), CI_COPY_DROP_BOUND)}) and gain ≥ "
         f"{CI_GAIN_BOUND:+.2f} ({_verdict(min(gains), CI_GAIN_BOUND)}).",
     ]
     return "\n".join(lines)
