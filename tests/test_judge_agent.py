@@ -284,3 +284,14 @@ def test_python_state_persists_within_a_conversation_and_the_sandbox_is_closed_a
         outputs = [m["content"] for m in tool_messages(server.requests[-1])]
     assert verdict.ok and outputs == ["(no output)", "42"]
     assert len(sandboxes) == 1 and sandboxes[0]._repl is None  # closed when the conversation ended
+
+
+def test_tool_arguments_nested_past_the_parser_limit_are_an_error_output(tokenizer):
+    """A judge's tool call whose JSON arguments nest deeper than the parser's stack gets an error reply, like any
+    other malformed arguments: nothing is raised into the judge or the trainer."""
+    from trl_ext.judge import build_marked_trace
+    from trl_ext.judge.tools import JudgeTools
+
+    tools = JudgeTools(build_marked_trace(tokenizer, tokenizer("x = 1").input_ids), enabled=["view_tokens"])
+    output = asyncio.run(tools.call("view_tokens", "[" * 100_000 + "]" * 100_000))
+    assert output.startswith("error: arguments of view_tokens are not a JSON object")

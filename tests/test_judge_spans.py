@@ -66,7 +66,17 @@ def test_span_list_is_found_in_prose_fences_and_objects(trace, template):
 
 @pytest.mark.parametrize(
     "text",
-    ["", "no json here", "{'spans': [1]}", '{"spans": 3}', '{"verdict": "good"}', "[unclosed", "see [1, 2]", 42],
+    [
+        "",
+        "no json here",
+        "{'spans': [1]}",
+        '{"spans": 3}',
+        '{"verdict": "good"}',
+        "[unclosed",
+        "see [1, 2]",
+        42,
+        pytest.param('{"spans": ' + "[" * 100_000 + "]" * 100_000 + "}", id="nested-past-the-parser-limit"),
+    ],
 )
 def test_outputs_without_a_span_list_raise_a_parse_error(text):
     with pytest.raises(SpanParseError):

@@ -188,6 +188,13 @@ def test_model_code_cannot_break_the_parent_through_the_protocol():
             "import os, sys\nos.write(int(sys.argv[2]), b'\\xff\\xff\\xff\\xff')\nimport time; time.sleep(1)"
         )
         assert huge.crashed and "exceeds max_message_bytes" in huge.error
+        # A frame nested deeper than the JSON parser's recursion limit: a protocol error, never a RecursionError
+        # raised out of execute() into the trainer.
+        nested = repl.execute(
+            "import os, sys\npayload = b'[' * 200000 + b']' * 200000\n"
+            "os.write(int(sys.argv[2]), len(payload).to_bytes(4, 'big') + payload)\nimport time; time.sleep(1)"
+        )
+        assert nested.crashed and "broke the REPL protocol (malformed message" in nested.error
         assert repl.execute("print('recovered')").stdout.endswith("recovered\n")
 
 

@@ -107,6 +107,8 @@ def extract_span_list(text: str) -> list[Any]:
             value, _ = decoder.raw_decode(text, match.start())
         except ValueError:
             continue
+        except RecursionError:  # nested deeper than the parser's stack: so is every bracket after this one
+            break
         if isinstance(value, dict) and isinstance(value.get("spans"), list):
             return value["spans"]
         if fallback is None and isinstance(value, list) and all(isinstance(item, dict) for item in value):
@@ -123,7 +125,7 @@ def extract_span_list(text: str) -> list[Any]:
 def _spans_from_json(candidate: str) -> list[Any] | None:
     try:
         return _as_span_list(json.loads(candidate))
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
         return None
 
 

@@ -234,7 +234,7 @@ class JudgeTools:
             args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
             if not isinstance(args, dict):
                 raise ValueError("arguments must be a JSON object")
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:  # RecursionError: nesting deeper than the parser's stack
             output = f"error: arguments of {name} are not a JSON object ({error})"
         else:
             output = await self._dispatch(name, args)

@@ -238,7 +238,7 @@ class _Wire:
         del self._buffer[: _HEADER.size + size]
         try:
             message = json.loads(payload)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser's stack
             raise _ProtocolError(f"malformed message ({exc})") from None
         if not isinstance(message, dict) or not isinstance(message.get("kind"), str):
             raise _ProtocolError("a message must be a JSON object with a string 'kind'")
