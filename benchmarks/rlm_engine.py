@@ -33,6 +33,7 @@ from trl_ext.rlm import (
     RLMEngine,
     RLMScaffoldConfig,
     RLMTask,
+    SandboxLimits,
     ScriptedGenerator,
     critical_path_generations,
 )
@@ -82,7 +83,9 @@ def respond(prompt: str) -> str:
 def bench_batching(roots: int, latency_s: float) -> dict[str, float]:
     tokenizer = build_tiny_tokenizer()
     generator = ScriptedGenerator(respond, tokenizer, latency_s=latency_s)
-    config = RLMScaffoldConfig(max_depth=2, max_children=4, max_turns=4, repl_timeout_s=10, **BENCH_TEMPLATES)
+    config = RLMScaffoldConfig(
+        max_depth=2, max_children=4, max_turns=4, sandbox=SandboxLimits(timeout_s=10), **BENCH_TEMPLATES
+    )
     engine = RLMEngine(generator, tokenizer, config)
     trees = engine.run([RLMTask(f"root {index}", context="x" * 100) for index in range(roots)])
     stats = engine.stats

@@ -283,7 +283,8 @@ def test_python_state_persists_within_a_conversation_and_the_sandbox_is_closed_a
         verdict = asyncio.run(make_judge(server, python_factory=factory).judge(make_request(tokenizer)))
         outputs = [m["content"] for m in tool_messages(server.requests[-1])]
     assert verdict.ok and outputs == ["(no output)", "42"]
-    assert len(sandboxes) == 1 and sandboxes[0]._repl is None  # closed when the conversation ended
+    # one sandbox for run_python, one for check_equivalent (never started here); both closed at the end
+    assert len(sandboxes) == 2 and all(sandbox._repl is None for sandbox in sandboxes)
 
 
 def test_tool_arguments_nested_past_the_parser_limit_are_an_error_output(tokenizer):

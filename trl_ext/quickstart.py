@@ -291,6 +291,7 @@ def write_run_info(output_dir: Path, result: QuickstartResult, settings: Quickst
         "base_model": result.extra.get("base_model"),
         "settings": asdict(settings),
         "config": result.extra.get("config", {}),
+        "sandbox": result.extra.get("sandbox"),
         "metrics": _final_metrics(result),
         "alerts": result.alerts,
         "alert_log": result.alert_log,
@@ -442,6 +443,7 @@ def _run_stepwise(
         "rollout_trees_dir": str(output / "rlm_trees"),
         "task": "toy key lookup (trl_ext.toy_task), exact-match reward",
         "eval_samples": settings.eval_samples,
+        "sandbox": trainer.sandbox_info,
     }
     return result
 

@@ -517,6 +517,8 @@ def write_run_info(output_dir: Path, recipe: Recipe, trainer: Any) -> Path:
         "alerts": {rule: count for rule, count in sorted(alerts.items()) if count},
         "alert_log": sorted(alert_log, key=lambda record: record.get("step", 0)),
     }
+    if getattr(trainer, "sandbox_info", None) is not None:  # what the REPLs of this run were isolated from
+        info["sandbox"] = trainer.sandbox_info
     path = Path(output_dir) / RUN_INFO_FILE
     path.write_text(json.dumps(info, indent=2, default=str) + "\n", encoding="utf-8")
     return path

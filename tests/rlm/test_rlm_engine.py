@@ -14,6 +14,7 @@ from trl_ext.rlm import (
     RLMEngine,
     RLMScaffoldConfig,
     RLMTask,
+    SandboxLimits,
     ScriptedGenerator,
     critical_path_generations,
 )
@@ -83,7 +84,7 @@ NO_ANSWER = P.CHILD_NO_ANSWER.format(end_reason="max_turns")
 
 @pytest.fixture(scope="module")
 def depth_two_run():
-    config = RLMScaffoldConfig(max_turns=4, max_depth=2, max_children=3, repl_timeout_s=5)
+    config = RLMScaffoldConfig(max_turns=4, max_depth=2, max_children=3, sandbox=SandboxLimits(timeout_s=5))
     generator = scripted(TABLE)
     engine = RLMEngine(generator, TOKENIZER, config)
     trees = engine.run([RLMTask("root task", "abcdefgh"), RLMTask("root task", "abcdefgh")])
@@ -191,8 +192,8 @@ def test_depth_two_batching_is_one_call_per_wave(depth_two_run):
 
 
 # ------------------------------------------------------------------------------------------ limits, failures
-def run_one(table, llm=lambda prompt: f"LLM<{prompt}>", **config_kwargs):
-    config = RLMScaffoldConfig(**{"repl_timeout_s": 5, **config_kwargs})
+def run_one(table, llm=lambda prompt: f"LLM<{prompt}>", timeout_s=5, **config_kwargs):
+    config = RLMScaffoldConfig(sandbox=SandboxLimits(timeout_s=timeout_s), **config_kwargs)
     engine = RLMEngine(scripted(table, llm), TOKENIZER, config)
     [tree] = engine.run([RLMTask("t", "ctx")])
     return tree, engine.stats
@@ -200,7 +201,7 @@ def run_one(table, llm=lambda prompt: f"LLM<{prompt}>", **config_kwargs):
 
 def test_timeout_then_restart_notice():
     table = {"t": ["```repl\nx = 5\nwhile True:\n    pass\n```", "```repl\nprint(x)\n```", "FINAL(gave up)"]}
-    tree, stats = run_one(table, repl_timeout_s=0.5)
+    tree, stats = run_one(table, timeout_s=0.5)
     first, second, _ = tree.root.turns
     assert first.repl_result.timed_out
     assert first.observation.startswith("REPL output:\nTimeoutError: the cell did not finish within 0.5 s.")
@@ -353,8 +354,10 @@ def test_max_batch_wait_stops_a_slow_cell_from_holding_back_the_others():
         "fast": ["```repl\nx = 1\n```", "```repl\ny = 2\n```", "FINAL(f)"],
     }
     waves = scripted(table)
-    RLMEngine(waves, TOKENIZER, RLMScaffoldConfig(repl_timeout_s=5)).run(["slow", "fast"])
+    RLMEngine(waves, TOKENIZER, RLMScaffoldConfig(sandbox=SandboxLimits(timeout_s=5))).run(["slow", "fast"])
     assert waves.batch_sizes == [2, 2, 1]  # one call per wave: "fast" waited for "slow"
     eager = scripted(table)
-    RLMEngine(eager, TOKENIZER, RLMScaffoldConfig(repl_timeout_s=5, max_batch_wait_s=0.1)).run(["slow", "fast"])
+    RLMEngine(eager, TOKENIZER, RLMScaffoldConfig(sandbox=SandboxLimits(timeout_s=5), max_batch_wait_s=0.1)).run(
+        ["slow", "fast"]
+    )
     assert eager.batch_sizes == [2, 1, 1, 1]  # "fast" went on alone while "slow" slept

@@ -14,6 +14,7 @@ from trl_ext.rlm import (
     RLMEngine,
     RLMScaffoldConfig,
     RLMTask,
+    SandboxLimits,
     ScriptedGenerator,
     TransformersGenerator,
     VLLMColocateGenerator,
@@ -77,7 +78,7 @@ def test_engine_runs_real_rollouts_of_the_tiny_model(tiny):
     model, tokenizer = tiny
     generator = TransformersGenerator(model, tokenizer, max_new_tokens=24, temperature=1.0)
     config = RLMScaffoldConfig(
-        max_turns=2, repl_timeout_s=5, system_prompt="REPL. {context_description}{recursion_note}"
+        max_turns=2, sandbox=SandboxLimits(timeout_s=5), system_prompt="REPL. {context_description}{recursion_note}"
     )
     engine = RLMEngine(generator, tokenizer, config)
     torch.manual_seed(0)

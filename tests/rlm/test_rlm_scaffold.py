@@ -142,8 +142,6 @@ def test_templates_are_overridable():
         ({"max_depth": -1}, "max_depth must be an int >= 0"),
         ({"max_children": 2.5}, "max_children must be an int >= 1"),
         ({"max_prompt_tokens": 0}, "max_prompt_tokens must be an int >= 1"),
-        ({"repl_timeout_s": 0}, "repl_timeout_s must be a positive number"),
-        ({"repl_isolation": "docker"}, "repl_isolation must be one of"),
         ({"user_prompt": "Task {task} {unknown}"}, "user_prompt is not a valid template"),
         ({"system_prompt": "a {literal} brace"}, "literal braces must be doubled"),
     ],
@@ -155,5 +153,6 @@ def test_config_validation_names_the_fix(kwargs, message):
 
 def test_config_defaults_follow_the_spec():
     config = RLMScaffoldConfig()
-    assert (config.max_turns, config.max_depth, config.max_output_chars) == (10, 1, 20_000)
+    assert (config.max_turns, config.max_depth, config.sandbox.max_output_chars) == (10, 1, 20_000)
+    assert config.sandbox.isolation == "auto" and not config.sandbox.network
     assert RLMScaffoldConfig(helpers="def f(): pass").helpers == ("def f(): pass",)

@@ -117,8 +117,9 @@ class SpanJudge:
         tools: names of the tools offered (subset of `trl_ext.judge.tools.TOOL_NAMES`); empty for none.
         max_tool_rounds: rounds of tool calls before the judge must answer.
         max_tool_calls_per_round: tool calls executed per round; extra ones get an error message.
-        python_factory: makes the sandbox of one conversation for ``run_python``/``check_equivalent`` (default
-            `ReplSandbox`: the RLM scaffold's `PythonREPL`, started only if the judge calls one of them).
+        python_factory: makes a sandbox; each conversation gets one for ``run_python`` and another for
+            ``check_equivalent`` (default `ReplSandbox`: the RLM scaffold's `PythonREPL`, started only if the
+            judge calls that tool).
         python_timeout: seconds per sandboxed run.
     """
 
@@ -153,7 +154,11 @@ class SpanJudge:
         """Judge one rollout. Never raises for a judge fault (see the module docstring)."""
         started = time.perf_counter()
         tools = JudgeTools(
-            request.trace, enabled=self.tools, python=self.python_factory(), python_timeout=self.python_timeout
+            request.trace,
+            enabled=self.tools,
+            python=self.python_factory(),
+            checker=self.python_factory(),
+            python_timeout=self.python_timeout,
         )
         verdict = JudgeVerdict(status="failed")
         try:

@@ -4,11 +4,13 @@ sandboxed Python, check two math expressions for equivalence with sympy.
 Every tool answers with a string and never raises: a bad call (unknown tool, malformed arguments, a crash, a
 timeout) comes back to the judge as ``"error: ..."`` so it can correct itself within its round budget.
 
-`run_python` and `check_equivalent` run in the RLM scaffold's sandbox, `trl_ext.rlm.PythonREPL` (`ReplSandbox`): one
-persistent interpreter per judge conversation (variables survive between the judge's calls), an allow-listed
-environment, a private working directory, rlimits, a private uid when the trainer runs as root, a wall-clock limit
-per call. The code comes from a model that has read untrusted text, so it is never executed in the trainer's
-process (sympy's ``parse_expr`` evaluates its input too, hence ``check_equivalent`` runs in the sandbox as well).
+`run_python` and `check_equivalent` run in the RLM scaffold's sandbox, `trl_ext.rlm.PythonREPL` (`ReplSandbox`, with
+the same `SandboxLimits`): one persistent interpreter per judge conversation for ``run_python`` (variables survive
+between the judge's calls), and another one for ``check_equivalent``, which ``run_python`` code cannot reach (its own
+private uid, PID and mount namespaces): code run by the judge cannot patch what decides equivalence. The judge has
+read text the policy wrote, so none of it runs in the trainer's process. sympy's ``parse_expr`` evaluates its input,
+so ``check_equivalent`` accepts math text only (no quotes, ``__``, attribute access or statements), evaluates it
+without builtins, and in a child process forked for that one check: nothing a check does outlives it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -88,14 +91,18 @@ class ReplSandbox:
     """`PythonSandbox` on `trl_ext.rlm.PythonREPL`, started on the first call and kept for the conversation.
 
     Args:
-        memory_mb: address-space limit of the interpreter.
-        max_output_chars: characters of output returned to the judge.
-        **repl_kwargs: other `PythonREPL` arguments (e.g. ``isolation="namespace"`` for no network).
+        limits: the sandbox's limits and isolation (`trl_ext.rlm.SandboxLimits`; default: its defaults with
+            ``max_output_chars=4000``, the output returned to the judge). The wall-clock limit per run is the
+            ``timeout`` of each `run` call.
+        **repl_kwargs: other `PythonREPL` arguments (``helpers``, ``env``, or `SandboxLimits` fields).
     """
 
-    def __init__(self, memory_mb: int = 1024, max_output_chars: int = 4000, **repl_kwargs: Any):
-        self.memory_mb = memory_mb
-        self.max_output_chars = max_output_chars
+    def __init__(self, limits: Any = None, **repl_kwargs: Any):
+        if limits is None:
+            from ..rlm import SandboxLimits
+
+            limits = SandboxLimits(max_output_chars=4000)
+        self.limits = limits
         self.repl_kwargs = repl_kwargs
         self._repl: Any = None
         self._lock: asyncio.Lock | None = None
@@ -111,13 +118,8 @@ class ReplSandbox:
             if self._repl is None:
                 from ..rlm import PythonREPL
 
-                self._repl = await asyncio.to_thread(
-                    PythonREPL,
-                    timeout_s=timeout,
-                    memory_mb=self.memory_mb,
-                    max_output_chars=self.max_output_chars,
-                    **self.repl_kwargs,
-                )
+                kwargs = {**self.repl_kwargs, "timeout_s": timeout}
+                self._repl = await asyncio.to_thread(PythonREPL, limits=self.limits, **kwargs)
             result = await self._repl.aexecute(code)
         except Exception as error:  # the sandbox failing must not take the judge down
             logger.warning("Judge sandbox failed: %r", error)
@@ -133,15 +135,25 @@ class ReplSandbox:
             await asyncio.to_thread(repl.close)
 
 
-# Runs inside the sandbox, in a function so that the judge's own variables in the persistent REPL are untouched.
+# Runs inside the checker's own sandbox. The parse and the simplification happen in a child forked for this one check
+# (the sandbox's interpreter only imports sympy and waits), so whatever an expression does dies with the child. The
+# sandbox's interpreter makes itself non-dumpable first: a forked child cannot write its memory through /proc.
 _CHECK_EQUIVALENT = r"""
-def __trl_ext_check_equivalent(a, b):
-    import re
+def __trl_ext_check_equivalent(a, b, timeout):
+    import os, select, signal, time
     import sympy
     from sympy.parsing.sympy_parser import (
         convert_xor, implicit_multiplication_application, parse_expr, standard_transformations,
     )
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
+    except Exception:
+        pass
     transforms = standard_transformations + (implicit_multiplication_application, convert_xor)
+    namespace = {{}}
+    exec("from sympy import *", namespace)
+    namespace["__builtins__"] = {{}}  # what parse_expr evaluates sees sympy's names and nothing else
 
     def braced(s, i):
         depth = 0
@@ -176,20 +188,50 @@ def __trl_ext_check_equivalent(a, b):
         s = latex(s)
         if "=" in s:
             left, right = s.split("=", 1)
-            return parse_expr(left, transformations=transforms) - parse_expr(right, transformations=transforms)
-        return parse_expr(s, transformations=transforms)
+            return parse(left) - parse(right)
+        return parse_expr(s, local_dict={{}}, global_dict=namespace, transformations=transforms)
 
-    try:
-        x, y = parse(a), parse(b)
-    except Exception as error:
-        print("could not parse:", type(error).__name__, error)
-        return
-    difference = sympy.simplify(x - y)
-    print("equivalent" if difference == 0 else f"not equivalent: a - b simplifies to {{difference}}")
+    def verdict():
+        try:
+            x, y = parse(a), parse(b)
+        except Exception as error:
+            return f"could not parse: {{type(error).__name__}} {{error}}"
+        difference = sympy.simplify(x - y)
+        return "equivalent" if difference == 0 else f"not equivalent: a - b simplifies to {{difference}}"
+
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(read)
+        try:
+            text = verdict()
+        except BaseException as error:
+            text = f"could not decide: {{type(error).__name__}}"
+        os.write(write, text.encode("utf-8", "replace")[:4000])
+        os._exit(0)
+    os.close(write)
+    chunks, deadline = [], time.monotonic() + timeout
+    while True:
+        ready, _, _ = select.select([read], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            os.kill(child, signal.SIGKILL)
+            chunks = [b"could not decide within the time limit"]
+            break
+        chunk = os.read(read, 4096)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(read)
+    os.waitpid(child, 0)
+    print(b"".join(chunks).decode("utf-8", "replace") or "could not decide (the check crashed)")
 
 __trl_ext_check_equivalent(*{payload})
 del __trl_ext_check_equivalent
 """
+
+# What an expression given to check_equivalent may not contain: it is evaluated, so no strings, dunders, attribute
+# access, lambdas/slices/statements or comments.
+_NOT_MATH = re.compile(r"""__|['"`;:@#\n\r]|\.\s*[A-Za-z_]""")
 
 
 class JudgeTools:
@@ -198,8 +240,9 @@ class JudgeTools:
     Args:
         trace: the rollout being judged.
         enabled: names of the tools offered (subset of `TOOL_NAMES`).
-        python: sandbox for ``run_python``/``check_equivalent`` of this conversation (default: a `ReplSandbox`,
-            started on first use); `aclose` it when the conversation ends.
+        python: sandbox for ``run_python`` of this conversation (default: a `ReplSandbox`, started on first use).
+        checker: sandbox for ``check_equivalent``, apart from `python` so that ``run_python`` code cannot reach it
+            (default: another `ReplSandbox`). `aclose` the tools when the conversation ends.
         python_timeout: wall-clock seconds per sandboxed run.
         max_view_tokens: largest ``end - start`` ``view_tokens`` shows.
         max_search_hits: hits ``search_trace`` returns.
@@ -211,6 +254,7 @@ class JudgeTools:
         *,
         enabled: Sequence[str] = TOOL_NAMES,
         python: PythonSandbox | None = None,
+        checker: PythonSandbox | None = None,
         python_timeout: float = 10.0,
         max_view_tokens: int = 256,
         max_search_hits: int = 20,
@@ -219,6 +263,9 @@ class JudgeTools:
         self.trace = trace
         self.enabled = tuple(enabled)
         self.python = python if python is not None else ReplSandbox()
+        self.checker = checker if checker is not None else ReplSandbox()
+        if self.checker is self.python:
+            raise ValueError("checker must be another sandbox than python: run_python code could patch the checks")
         self.python_timeout = python_timeout
         self.max_view_tokens = max_view_tokens
         self.max_search_hits = max_search_hits
@@ -288,9 +335,15 @@ class JudgeTools:
         return "\n".join(hits) + more
 
     async def aclose(self) -> None:
-        """Close the sandbox (if it was started)."""
-        await self.python.aclose()
+        """Close the sandboxes (those that were started)."""
+        await asyncio.gather(self.python.aclose(), self.checker.aclose())
 
     async def check_equivalent(self, a: str, b: str) -> str:
-        code = _CHECK_EQUIVALENT.format(payload=repr([a, b]))
-        return (await self.python.run(code, self.python_timeout)).strip()
+        for name, text in (("a", a), ("b", b)):
+            if _NOT_MATH.search(text):
+                raise ValueError(
+                    f"{name} is not a math expression: check_equivalent evaluates its input, so quotes, '__', "
+                    "attribute access, ':', ';', '#' and newlines are refused. Use run_python for code."
+                )
+        code = _CHECK_EQUIVALENT.format(payload=repr([a, b, self.python_timeout]))
+        return (await self.checker.run(code, self.python_timeout + 5)).strip()

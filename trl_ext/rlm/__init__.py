@@ -27,7 +27,7 @@ from .generators import (
     VLLMServerGenerator,
 )
 from .repl import PythonREPL, QueryRefused, QueryRequest, ReplResult
-from .sandbox import SandboxError
+from .sandbox import SandboxError, SandboxLimits
 from .scaffold import RLMScaffoldConfig
 from .tree import LLMCall, RolloutNode, RolloutTree, Turn, TurnSample, subtree_weights
 
@@ -47,6 +47,7 @@ __all__ = [
     "RolloutNode",
     "RolloutTree",
     "SandboxError",
+    "SandboxLimits",
     "ScriptedGenerator",
     "TransformersGenerator",
     "Turn",

@@ -121,6 +121,8 @@ class _Server:
     def __init__(self, channel, config, init):
         self.channel = channel
         self.max_output_chars = config["max_output_chars"]
+        self.max_answer_chars = config["max_answer_chars"]
+        self.seq = 0
         self.reap_strays = config["reap_strays"]
         self.main_pid = os.getpid()
         self.main_thread = _thread.get_ident()
@@ -151,7 +153,8 @@ class _Server:
                 f"{function} can only be called from the cell's own code (main thread, while the cell runs); "
                 "use the *_batched functions for concurrent queries"
             )
-        self.channel.send({"kind": "query", "function": function, "prompts": prompts, "contexts": contexts})
+        query = {"kind": "query", "seq": self.seq, "function": function, "prompts": prompts, "contexts": contexts}
+        self.channel.send(query)
         reply = self.channel.recv()
         if reply.get("error") is not None:
             raise RuntimeError(f"{function} failed: {reply['error']}")
@@ -268,7 +271,10 @@ class _Server:
         if self.reap_strays:
             _reap_strays()
         stdout = capture.getvalue() + _fd_output(fd_start, self.max_output_chars)
-        return {"kind": "result", "stdout": stdout, "error": error, "final_answer": self.final_answer}
+        answer = self.final_answer
+        if answer is not None and len(answer) > self.max_answer_chars:  # the parent cuts it too (and records it)
+            answer = answer[: self.max_answer_chars + 1]
+        return {"kind": "result", "seq": self.seq, "stdout": stdout, "error": error, "final_answer": answer}
 
     def serve(self):
         self.channel.send({"kind": "ready", "pid": os.getpid()})
@@ -276,6 +282,7 @@ class _Server:
             message = self.channel.recv()
             kind = message.get("kind")
             if kind == "exec":
+                self.seq = message["seq"]
                 self.channel.send(self.run_cell(message["code"]))
             elif kind == "close":
                 if self.reap_strays:
@@ -339,6 +346,371 @@ def _reap_strays():
             return
         if pid == 0:
             return
+
+
+# ------------------------------------------------------------------------------------- operating-system setup
+# Linux constants (x86_64 and aarch64 share these).
+_PR_SET_DUMPABLE = 4
+_PR_SET_SECCOMP = 22
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_NO_NEW_PRIVS = 38
+_SECCOMP_MODE_FILTER = 2
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWCGROUP = 0x02000000
+_CLONE_NEWUTS = 0x04000000
+_CLONE_NEWIPC = 0x08000000
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWPID = 0x20000000
+_CLONE_NEWNET = 0x40000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
+_MNT_DETACH = 2
+_NAMESPACE_UID = 1000  # the sandbox's uid inside its user namespace (non-root trainers)
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+_SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
+_libc = None
+
+
+def _c():
+    """libc through ctypes, loaded on first use (ctypes is the only non-C-module import of the server)."""
+    global _libc
+    if _libc is None:
+        import ctypes
+
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
+def _check(result, what):
+    if result != 0:
+        import ctypes
+
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def _prctl(option, value, what):
+    _check(_c().prctl(option, value, 0, 0, 0), what)
+
+
+def _write_file(path, text):
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _supervise(config, protocol_fds):
+    """Fork the server and stay behind as its supervisor; returns only in the server (the child).
+
+    The supervisor runs no model code and keeps its privileges. It adopts every orphan of the sandbox
+    (``PR_SET_CHILD_SUBREAPER``) and reaps it, so zombies never pile up against the uid's process limit. It
+    reads the lifeline, a pipe whose other end only the trainer holds: end of file, because the trainer closed
+    it or died however it died, makes it kill everything of the sandbox, wait until nothing is left and exit
+    with the server's status (re-raising its signal). When the trainer itself is gone it also removes the
+    REPL's control groups and directory, so a trainer killed with SIGKILL leaves nothing behind.
+    """
+    lifeline = config["lifeline_fd"]
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1, "prctl(PR_SET_CHILD_SUBREAPER)")
+    if config["namespace"]:  # the server becomes PID 1 of a new PID namespace: when it dies, all of it dies
+        if config["user_namespace"]:  # unprivileged trainer: be root in a user namespace mapped to its uid
+            uid, gid = os.getuid(), os.getgid()
+            _check(_c().unshare(_CLONE_NEWUSER | _CLONE_NEWPID), "unshare(CLONE_NEWUSER | CLONE_NEWPID)")
+            _write_file("/proc/self/setgroups", "deny")
+            _write_file("/proc/self/uid_map", f"{_NAMESPACE_UID} {uid} 1")  # not 0: model code is no root
+            _write_file("/proc/self/gid_map", f"{_NAMESPACE_UID} {gid} 1")
+        else:
+            _check(_c().unshare(_CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+    wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    _signal.set_wakeup_fd(wake_write)
+    _signal.signal(_signal.SIGCHLD, lambda *_: None)
+    server = os.fork()
+    if server == 0:
+        _signal.set_wakeup_fd(-1)
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+        for fd in (lifeline, wake_read, wake_write):
+            os.close(fd)
+        return
+    for fd in protocol_fds:
+        os.close(fd)
+    import select
+
+    status = None
+    killing = False
+    while True:
+        while True:  # reap the server and every adopted orphan
+            try:
+                pid, wait_status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                pid = -1
+            if pid <= 0:
+                break
+            if pid == server:
+                status = wait_status
+        if status is not None and not killing:
+            killing = True  # the server is gone: nothing else of the sandbox may stay
+            _kill_sandbox(config, server)
+        if killing:
+            try:
+                os.waitpid(-1, 0)  # block until every remaining child is reaped
+                continue
+            except ChildProcessError:
+                break
+        readable, _, _ = select.select([lifeline, wake_read], [], [])
+        if wake_read in readable:
+            try:
+                while os.read(wake_read, 512):
+                    pass
+            except BlockingIOError:
+                pass
+        if lifeline in readable:
+            try:
+                data = os.read(lifeline, 64)
+            except OSError:
+                data = b""
+            if not data and not killing:
+                killing = True
+                _kill_sandbox(config, server)
+    if os.getppid() != config["trainer_pid"]:  # the trainer died: clean up after it
+        for path in config["cgroups"]:
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass
+        import shutil
+
+        shutil.rmtree(config["root_dir"], ignore_errors=True)
+    if status is not None and os.WIFSIGNALED(status):
+        signal_number = os.WTERMSIG(status)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if signal_number != _signal.SIGKILL:
+            _signal.signal(signal_number, _signal.SIG_DFL)
+        os.kill(os.getpid(), signal_number)
+        os._exit(128 + signal_number)  # a signal whose default action is not to terminate
+    os._exit(os.WEXITSTATUS(status) if status is not None else 1)
+
+
+def _kill_sandbox(config, server):
+    """SIGKILL every process of the sandbox: its PID namespace, its control groups and its private uid."""
+    for path in config["cgroups"]:  # a frozen task dies only once thawed
+        if path.endswith("freezer") or "/freezer/" in path:
+            try:
+                _write_file(os.path.join(path, "freezer.state"), "THAWED")
+            except OSError:
+                pass
+    try:
+        os.kill(server, _signal.SIGKILL)  # with a PID namespace this kills every process in it
+    except ProcessLookupError:
+        pass
+    for _ in range(100):
+        pids = set()
+        for path in config["cgroups"]:
+            try:
+                with open(os.path.join(path, "cgroup.procs")) as handle:
+                    pids.update(int(line) for line in handle if line.strip())
+            except OSError:
+                pass
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, _signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    uid = config["uid"]
+    if uid is not None and not config["cgroups"] and not config["namespace"]:
+        # kill(-1) as the private uid reaches exactly that uid's processes
+        helper = os.fork()
+        if helper == 0:
+            try:
+                os.setresgid(uid, uid, uid)
+                os.setresuid(uid, uid, uid)
+                os.kill(-1, _signal.SIGKILL)
+            except OSError:
+                pass
+            os._exit(0)
+
+
+def _join_cgroups(paths):
+    for path in paths:
+        _write_file(os.path.join(path, "cgroup.procs"), "0")
+
+
+def _enter_namespaces(config):
+    """New mount, IPC, UTS (and network) namespaces with a root file system that shows only the runtime."""
+    flags = _CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWUTS | (0 if config["network"] else _CLONE_NEWNET)
+    _check(_c().unshare(flags), "unshare")
+    mount = _c().mount
+    _check(mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
+    root = config["rootfs"]
+    options = f"size={config['disk_mb']}m,nr_inodes={max(1024, config['disk_mb'] * 64)},mode=0755"
+    _check(mount(b"tmpfs", root.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options.encode()), "mount tmpfs")
+
+    def inside(path):
+        return os.path.join(root, path.lstrip("/"))
+
+    def bind(source, writable=False):
+        target = inside(source)
+        if os.path.isdir(source):
+            os.makedirs(target, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
+        _check(mount(source.encode(), target.encode(), None, _MS_BIND | _MS_REC, None), f"bind {source}")
+        if not writable:
+            flags = _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID
+            _check(mount(None, target.encode(), None, flags | _MS_NODEV, None), f"read-only {source}")
+
+    for path in config["bind_paths"]:
+        if os.path.islink(path) and os.path.dirname(path) == "/":  # /bin -> usr/bin on merged-/usr systems
+            os.symlink(os.readlink(path), inside(path))
+        elif os.path.exists(path):
+            bind(path)
+    for name in ("null", "zero", "full", "random", "urandom"):
+        bind(f"/dev/{name}", writable=True)
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
+        os.symlink(target, inside(f"/dev/{name}"))
+    for path in ("/tmp", "/dev/shm"):
+        os.makedirs(inside(path), exist_ok=True)
+        os.chmod(inside(path), 0o1777)
+    home = inside(config["home"])
+    os.makedirs(home, exist_ok=True)
+    os.makedirs(inside("/proc"), exist_ok=True)
+    if config["uid"] is not None:
+        os.chown(home, config["uid"], config["gid"])
+    os.chmod(home, 0o700)
+    # This process is PID 1 of the new PID namespace, so this /proc shows only the sandbox. It is mounted while the
+    # host's /proc is still in view: inside a user namespace the kernel allows a proc mount only then.
+    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    _check(mount(b"proc", inside("/proc").encode(), b"proc", flags, None), "mount /proc")
+    os.chdir(root)
+    _check(_c().syscall(_SYS_PIVOT_ROOT[os.uname().machine], b".", b"."), "pivot_root")
+    _check(_c().umount2(b".", _MNT_DETACH), "detach the old root")
+    os.chdir("/")
+
+
+def _drop_capabilities():
+    """Clear every capability (the root of a user namespace has them all inside it)."""
+    import ctypes
+
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()
+    _check(_c().syscall(_SYS_CAPSET[os.uname().machine], header, data), "capset")
+
+
+# Seccomp: a classic BPF program, built here (no libseccomp binding is needed). It answers EPERM to the system calls
+# an unprivileged sandbox has no use for and an escape would: new namespaces, mounts, tracing other processes,
+# the kernel keyring, loading programs into the kernel. Only for x86_64 (the numbers below are its own); every
+# system call of another ABI (i386 through int 0x80, x32) is refused outright.
+_AUDIT_ARCH_X86_64 = 0xC000003E
+_X32_SYSCALL_BIT = 0x40000000
+_DENIED_SYSCALLS_X86_64 = {
+    "ptrace": 101,
+    "syslog": 103,
+    "vhangup": 153,
+    "pivot_root": 155,
+    "adjtimex": 159,
+    "chroot": 161,
+    "acct": 163,
+    "settimeofday": 164,
+    "mount": 165,
+    "umount2": 166,
+    "swapon": 167,
+    "swapoff": 168,
+    "reboot": 169,
+    "iopl": 172,
+    "ioperm": 173,
+    "init_module": 175,
+    "delete_module": 176,
+    "quotactl": 179,
+    "lookup_dcookie": 212,
+    "clock_settime": 227,
+    "kexec_load": 246,
+    "add_key": 248,
+    "request_key": 249,
+    "keyctl": 250,
+    "unshare": 272,
+    "perf_event_open": 298,
+    "name_to_handle_at": 303,
+    "open_by_handle_at": 304,
+    "setns": 308,
+    "process_vm_readv": 310,
+    "process_vm_writev": 311,
+    "kcmp": 312,
+    "finit_module": 313,
+    "kexec_file_load": 320,
+    "bpf": 321,
+    "userfaultfd": 323,
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "pidfd_getfd": 438,
+    "process_madvise": 440,
+    "mount_setattr": 442,
+}
+_SYS_CLONE_X86_64, _SYS_CLONE3_X86_64 = 56, 435
+_CLONE_NAMESPACE_FLAGS = (
+    _CLONE_NEWNS | _CLONE_NEWCGROUP | _CLONE_NEWUTS | _CLONE_NEWIPC | _CLONE_NEWUSER | _CLONE_NEWPID | _CLONE_NEWNET
+)
+
+
+def _seccomp_program():
+    """The filter as bytes of ``struct sock_filter`` (x86_64)."""
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, ..., BPF_RET|K
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+    # (code, true target, false target, k); targets are labels resolved below, None = next instruction.
+    program = [
+        (ld, None, None, 4),  # seccomp_data.arch
+        (jeq, None, "deny", _AUDIT_ARCH_X86_64),
+        (ld, None, None, 0),  # seccomp_data.nr
+        (jge, "deny", None, _X32_SYSCALL_BIT),
+        (jeq, "nosys", None, _SYS_CLONE3_X86_64),  # clone3 hides its flags in memory: libc falls back to clone
+        (jeq, "clone", None, _SYS_CLONE_X86_64),
+        *((jeq, "deny", None, number) for number in sorted(_DENIED_SYSCALLS_X86_64.values())),
+        (ret, None, None, allow),
+        ("clone", ld, None, None, 16),  # seccomp_data.args[0], low 32 bits: the clone flags
+        (jset, "deny", None, _CLONE_NAMESPACE_FLAGS),
+        (ret, None, None, allow),
+        ("nosys", ret, None, None, enosys),
+        ("deny", ret, None, None, eperm),
+    ]
+    labels, rows = {}, []
+    for row in program:
+        if isinstance(row[0], str):
+            labels[row[0]] = len(rows)
+            row = row[1:]
+        rows.append(row)
+    data = b""
+    for index, (code, true, false, k) in enumerate(rows):
+        jt = 0 if true is None else labels[true] - index - 1
+        jf = 0 if false is None else labels[false] - index - 1
+        data += _struct.pack("=HBBI", code, jt, jf, k)
+    return data
+
+
+def _install_seccomp():
+    import ctypes
+
+    program = _seccomp_program()
+    buffer = ctypes.create_string_buffer(program, len(program))
+
+    class _Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = _Program(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    _check(_c().prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp filter")
 
 
 def _open_import_dirs(paths):
@@ -418,17 +790,35 @@ def _to_json(value):
 
 
 def main():
-    channel = _Channel(int(sys.argv[1]), int(sys.argv[2]))
+    read_fd, write_fd = int(sys.argv[1]), int(sys.argv[2])
+    channel = _Channel(read_fd, write_fd)
     config = channel.recv()
-    opened = _open_import_dirs(config["import_paths"])
+    if config["lifeline_fd"] is not None:
+        _supervise(config, (read_fd, write_fd))  # returns in the server, a child of the supervisor
+    _join_cgroups(config["cgroups"])
+    if config["namespace"]:
+        _enter_namespaces(config)
+        opened = []  # the runtime is mounted where every uid can read it
+    else:
+        opened = _open_import_dirs(config["import_paths"])
     _apply_limits(config["limits"])
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1, "prctl(PR_SET_NO_NEW_PRIVS)")  # setuid binaries no longer raise privileges
     if config["uid"] is not None:
         _drop_privileges(config["uid"], config["gid"])
+    elif config["namespace"] and config["user_namespace"]:
+        _drop_capabilities()
+    if config["seccomp"]:
+        _install_seccomp()
+    os.umask(0o077)
+    os.chdir(config["home"])
     if config["reap_strays"]:
         _reap_strays()  # leftovers of an earlier session that used the same private uid
-    _rewrite_import_paths(opened)
+    if config["namespace"]:
+        sys.path[:] = config["import_paths"]
+    else:
+        _rewrite_import_paths(opened)
 
-    protocol_fds = (config["read_fd"], config["write_fd"])
+    protocol_fds = (read_fd, write_fd)
 
     def _close_protocol_fds():  # forks of the REPL must not be able to talk to the parent
         for fd in protocol_fds:

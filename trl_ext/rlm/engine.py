@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +43,7 @@ from typing import Any
 
 from .generators import Completion, Generator
 from .repl import PythonREPL, QueryRefused, QueryRequest
-from .sandbox import isolation_command
+from .sandbox import resolve_isolation
 from .scaffold import (
     RLMScaffoldConfig,
     build_system_prompt,
@@ -90,7 +89,8 @@ class EngineStats:
             (depth or budget limit); refused_queries: query calls refused (too many prompts, prompt too long).
         llm_queries: plain completions requested by code (degraded ``rlm_query`` prompts included).
         repl_cells: cells run; repl_errors: cells that raised; repl_timeouts: cells killed at the time limit;
-            repl_crashes: cells whose interpreter died; repl_restarts: cells run in a restarted interpreter.
+            repl_crashes: cells whose interpreter died; repl_restarts: cells run in a restarted interpreter;
+            truncated_answers: final answers longer than the sandbox's ``max_answer_chars``, cut to it.
         malformed_actions: actions with neither a ```repl block nor a usable FINAL line.
         final_answers, max_turns, prompt_too_long, node_errors: how the nodes ended.
         wall_time_s: the whole run; generator_time_s: time inside generator calls.
@@ -110,6 +110,7 @@ class EngineStats:
     repl_timeouts: int = 0
     repl_crashes: int = 0
     repl_restarts: int = 0
+    truncated_answers: int = 0
     malformed_actions: int = 0
     final_answers: int = 0
     max_turns: int = 0
@@ -337,7 +338,7 @@ class RLMEngine:
         self.generator = generator
         self.tokenizer = tokenizer
         self.config = config if config is not None else RLMScaffoldConfig()
-        isolation_command(self.config.repl_isolation, os.geteuid() == 0)  # fail now, not in every rollout
+        resolve_isolation(self.config.sandbox)  # fail (isolation='strict') or warn now, not in every rollout
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.max_repl_workers = max_repl_workers
         self.stats = EngineStats()
@@ -456,13 +457,9 @@ class RLMEngine:
         config = self.config
         return PythonREPL(
             context,
-            timeout_s=config.repl_timeout_s,
-            memory_mb=config.repl_memory_mb,
-            max_output_chars=config.max_output_chars,
+            limits=config.sandbox,
             helpers=config.helpers,
             helper_objects=config.helper_objects,
-            max_processes=config.repl_max_processes,
-            isolation=config.repl_isolation,
         )
 
     async def _close_repl(self, run: _Run, repl_future: asyncio.Future[PythonREPL]) -> None:
@@ -605,6 +602,7 @@ class RLMEngine:
         stats.repl_timeouts += result.timed_out
         stats.repl_restarts += result.restarted
         stats.repl_crashes += result.crashed
+        stats.truncated_answers += result.answer_truncated
         stats.repl_errors += result.error is not None and not (result.timed_out or result.crashed)
 
     @staticmethod

@@ -56,13 +56,10 @@ import asyncio
 import json
 import logging
 import marshal
-import math
 import os
 import pickle
 import select
-import signal
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -75,17 +72,19 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from .sandbox import (
-    DEFAULT_SANDBOX_UIDS,
+    LaunchSpec,
+    SandboxBackend,
     SandboxError,
+    SandboxLimits,
+    SandboxProcess,
     UidLease,
     acquire_uid,
-    count_tasks_of_uid,
     describe_exit,
     force_rmtree,
-    interpreter_import_paths,
-    isolation_command,
-    kill_uid,
+    processes_of_uid,
+    remove_files_of_uid,
     sandbox_environment,
+    select_backend,
 )
 
 logger = logging.getLogger(__name__)
@@ -140,6 +139,7 @@ class ReplResult:
         final_answer: set when the cell called ``FINAL_VAR``: the value, as a string.
         crashed: the interpreter died during the cell (crash, CPU limit, protocol violation) and was discarded.
         restarted: the cell ran in a fresh interpreter because the previous one was lost.
+        answer_truncated: the final answer was longer than ``max_answer_chars`` and was cut to that length.
     """
 
     stdout: str
@@ -148,6 +148,7 @@ class ReplResult:
     final_answer: str | None = None
     crashed: bool = False
     restarted: bool = False
+    answer_truncated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -157,13 +158,13 @@ class ReplResult:
             "final_answer": self.final_answer,
             "crashed": self.crashed,
             "restarted": self.restarted,
+            "answer_truncated": self.answer_truncated,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ReplResult:
-        return cls(
-            **{key: data[key] for key in ("stdout", "error", "timed_out", "final_answer", "crashed", "restarted")}
-        )
+        keys = ("stdout", "error", "timed_out", "final_answer", "crashed", "restarted")
+        return cls(**{key: data[key] for key in keys}, answer_truncated=data.get("answer_truncated", False))
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,10 @@ class _Wire:
         if not isinstance(message, dict) or not isinstance(message.get("kind"), str):
             raise _ProtocolError("a message must be a JSON object with a string 'kind'")
         return message
+
+    def pending(self) -> bool:
+        """Bytes are waiting: buffered, or readable on the pipe right now."""
+        return bool(self._buffer) or bool(select.select([self.read_fd], [], [], 0)[0])
 
     def _read_available(self) -> bool:
         try:
@@ -335,28 +340,18 @@ class _Wire:
 # -------------------------------------------------------------------------------------------- the processes
 @dataclass
 class _Interpreter:
-    """One sandboxed interpreter process (a REPL replaces it after a timeout or crash)."""
+    """One sandboxed interpreter (a REPL replaces it after a timeout or crash)."""
 
-    popen: subprocess.Popen
+    process: SandboxProcess
     wire: _Wire
-    uid: int | None
     ready: bool = False
 
     def kill(self) -> int | None:
-        """Kill the process group (and every process of the private uid); returns the exit status."""
+        """Kill everything of this interpreter (the backend waits until nothing is left); returns its status."""
         try:
-            os.killpg(self.popen.pid, signal.SIGKILL)  # the group id is the pid: started with start_new_session
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            returncode = self.popen.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            returncode = None
-            logger.warning("Sandboxed interpreter %d did not exit 10 s after SIGKILL", self.popen.pid)
-        if self.uid is not None:
-            kill_uid(self.uid)
-        self.wire.close()
-        return returncode
+            return self.process.kill()
+        finally:
+            self.wire.close()
 
 
 @dataclass
@@ -364,9 +359,10 @@ class _Resources:
     """Everything a REPL owns for its whole life; `release` frees it all (also run by a GC finalizer)."""
 
     root_dir: str
-    workdir: str
+    home: str
     log_fd: int
     lease: UidLease | None
+    clean_shared_dirs: bool  # the process backend shares /tmp and /dev/shm with the host
     interpreter: _Interpreter | None = None
     loop: asyncio.AbstractEventLoop | None = None
     released: bool = False
@@ -377,16 +373,29 @@ class _Resources:
             if self.released:
                 return
             self.released = True
+            contained = False
             if self.interpreter is not None:
                 self.interpreter.kill()
+                contained = getattr(self.interpreter.process, "contained", False)
                 self.interpreter = None
             if self.lease is not None:
-                # Reaped above; a leftover could only be a process that escaped, which kill_uid has logged.
-                self.lease.release()
+                self._release_uid(self.lease, contained)
             os.close(self.log_fd)
             force_rmtree(self.root_dir)
             if self.loop is not None and not self.loop.is_closed() and not self.loop.is_running():
                 self.loop.close()
+
+    def _release_uid(self, lease: UidLease, contained: bool) -> None:
+        """Hand the uid back only when nothing of this REPL remains under it (else keep it out of use)."""
+        left = [] if contained else [f"process {pid}" for pid in processes_of_uid(lease.uid)]
+        if self.clean_shared_dirs:
+            left += remove_files_of_uid(lease.uid)
+        if left:
+            logger.warning(
+                "Sandbox uid %d is not handed to another REPL: %s of its last REPL remain", lease.uid, left[:5]
+            )
+            return  # the lock stays held until this process exits
+        lease.release()
 
 
 # ---------------------------------------------------------------------------------------------------- REPL
@@ -395,57 +404,36 @@ class PythonREPL:
 
     Args:
         context: the value of the ``context`` variable (the task input: str, list or dict).
-        timeout_s: wall-clock limit of one cell, not counting time spent waiting for query answers. On expiry
-            the interpreter is killed and the result has ``timed_out=True``.
-        memory_mb: address-space limit of the interpreter (``RLIMIT_AS``); allocations beyond it raise
-            ``MemoryError`` in the model's code.
-        max_output_chars: characters of stdout kept per cell (the rest is counted in a note).
+        limits: every limit and isolation setting (`SandboxLimits`; docs/security.md says what each backend
+            enforces). Its fields can also be given as keyword arguments, which override `limits`:
+            ``PythonREPL(ctx, timeout_s=5, memory_mb=512)``.
         helpers: Python source run in the namespace at start (and after every restart): task helper functions.
         helper_objects: name -> picklable object copied into the namespace at start.
         on_query: answers the query functions in `execute` (see the module docstring). Without it they raise.
-        max_processes: processes and threads the model's code may create (``RLIMIT_NPROC``). Enforced per REPL
-            when the trainer runs as root (private uid); otherwise counted against the trainer's uid.
-        cpu_time_s: CPU-time limit of each process of the sandbox over its life (``RLIMIT_CPU``); default
-            ``20 * timeout_s``. Past it the interpreter is killed and restarted on the next cell.
-        max_file_mb: largest file the sandbox may write (``RLIMIT_FSIZE``).
-        max_open_files: ``RLIMIT_NOFILE``.
-        isolation: ``"process"`` (the default: everything above) or ``"namespace"`` (also new network, PID and
-            mount namespaces through ``unshare``: no network access, no view of host processes). Raises
-            `SandboxError` when ``"namespace"`` is not available on this machine.
-        env: extra environment variables for the sandbox (it gets none of the trainer's otherwise).
-        sandbox_uids: uids to lease from when the trainer runs as root.
-        startup_timeout_s: time allowed for the interpreter to start and load `context` and the helpers.
-        max_message_bytes: largest message accepted from the sandbox (a query or a result).
+        env: extra environment variables for the sandbox (it gets none of the trainer's otherwise). Never put
+            secrets here: model code reads every variable it gets.
+        backend: where the interpreter runs; default: the local backend `limits.isolation` resolves to.
+        **overrides: `SandboxLimits` fields.
+
+    Raises:
+        SandboxError: the sandbox cannot be set up (``isolation="strict"`` without namespaces, no Linux...).
     """
 
     def __init__(
         self,
         context: Any = None,
         *,
-        timeout_s: float = 10.0,
-        memory_mb: int = 1024,
-        max_output_chars: int = 20_000,
+        limits: SandboxLimits | None = None,
         helpers: str | Sequence[str] | None = None,
         helper_objects: Mapping[str, Any] | None = None,
         on_query: QueryHandler | None = None,
-        max_processes: int = 32,
-        cpu_time_s: float | None = None,
-        max_file_mb: int = 256,
-        max_open_files: int = 256,
-        isolation: Literal["process", "namespace"] = "process",
         env: Mapping[str, str] | None = None,
-        sandbox_uids: range = DEFAULT_SANDBOX_UIDS,
-        startup_timeout_s: float = 30.0,
-        max_message_bytes: int = 64 * 2**20,
+        backend: SandboxBackend | None = None,
+        **overrides: Any,
     ) -> None:
-        _check_positive(timeout_s=timeout_s, startup_timeout_s=startup_timeout_s, max_output_chars=max_output_chars)
-        _check_positive(max_file_mb=max_file_mb, max_open_files=max_open_files, max_message_bytes=max_message_bytes)
-        if not isinstance(memory_mb, int) or memory_mb < 64:
-            raise ValueError(f"memory_mb must be an int >= 64 (the interpreter alone needs ~30 MB), got {memory_mb!r}")
-        if not isinstance(max_processes, int) or max_processes < 0:
-            raise ValueError(f"max_processes must be an int >= 0, got {max_processes!r}")
-        if cpu_time_s is not None:
-            _check_positive(cpu_time_s=cpu_time_s)
+        if limits is not None and not isinstance(limits, SandboxLimits):
+            raise TypeError(f"limits must be a SandboxLimits, got {type(limits).__name__}")
+        self.limits = (limits or SandboxLimits()).with_overrides(**overrides)
         if isinstance(helpers, str):
             helpers = [helpers]
         self.helpers = list(helpers or [])
@@ -456,17 +444,7 @@ class PythonREPL:
         if clash := sorted(reserved & set(self.helper_objects)):
             raise ValueError(f"helper_objects may not redefine the REPL's own names {clash}; rename them")
         self.context = context
-        self.timeout_s = float(timeout_s)
-        self.memory_mb = memory_mb
-        self.max_output_chars = max_output_chars
         self.on_query = on_query
-        self.max_processes = max_processes
-        self.cpu_time_s = float(cpu_time_s) if cpu_time_s is not None else 20 * self.timeout_s
-        self.max_file_mb = max_file_mb
-        self.max_open_files = max_open_files
-        self.isolation = isolation
-        self.startup_timeout_s = float(startup_timeout_s)
-        self.max_message_bytes = max_message_bytes
         self._init_payload = pickle.dumps(
             {"kind": "init", "context": context, "helpers": self.helpers, "objects": self.helper_objects},
             protocol=pickle.HIGHEST_PROTOCOL,
@@ -474,16 +452,13 @@ class PythonREPL:
 
         if not sys.platform.startswith("linux"):
             raise SandboxError(f"PythonREPL needs Linux (rlimits, /proc, pipe2); this is {sys.platform}.")
-        as_root = os.geteuid() == 0
-        self._command_prefix = isolation_command(isolation, as_root)
-        lease = acquire_uid(sandbox_uids) if as_root else None
+        self.backend = backend if backend is not None else select_backend(self.limits)
+        lease = acquire_uid(self.limits.sandbox_uids) if os.geteuid() == 0 else None
         root_dir = tempfile.mkdtemp(prefix="trl_ext_repl_")
         try:
-            workdir = os.path.join(root_dir, "work")
-            os.mkdir(workdir, 0o700)
             if lease is not None:
-                os.chown(workdir, lease.uid, lease.gid)
                 os.chmod(root_dir, 0o711)  # traversable by the sandbox uid, not listable
+            home = self.backend.prepare(root_dir, lease)
             log_fd = os.open(
                 os.path.join(root_dir, "stdio.log"), os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
             )
@@ -492,11 +467,14 @@ class PythonREPL:
             if lease is not None:
                 lease.release()
             raise
-        self._env = sandbox_environment(workdir, env)
-        self._resources = _Resources(root_dir, workdir, log_fd, lease)
+        self._env = sandbox_environment(home, env)
+        if self.backend.name == "namespace":
+            self._env["TMPDIR"] = "/tmp"
+        self._resources = _Resources(root_dir, home, log_fd, lease, clean_shared_dirs=self.backend.name == "process")
         self._finalizer = weakref.finalize(self, self._resources.release)
         self._lost_reason: str | None = None
         self._executing = False
+        self._seq = 0
         self.restarts = 0
         try:
             self._start_interpreter()
@@ -507,8 +485,17 @@ class PythonREPL:
     # ------------------------------------------------------------------------------------------ properties
     @property
     def workdir(self) -> str:
-        """The sandbox's private working directory (also its HOME and TMPDIR); removed by `close`."""
-        return self._resources.workdir
+        """The sandbox's private working directory (also its HOME) as model code sees it; gone after `close`."""
+        return self._resources.home
+
+    @property
+    def isolation(self) -> str:
+        """The backend this REPL runs on: ``"namespace"`` or ``"process"``."""
+        return self.backend.name
+
+    @property
+    def timeout_s(self) -> float:
+        return self.limits.timeout_s
 
     @property
     def uid(self) -> int | None:
@@ -517,9 +504,16 @@ class PythonREPL:
 
     @property
     def pid(self) -> int | None:
-        """Process id of the current interpreter (of ``unshare`` in namespace isolation), None between lives."""
+        """Process id of the current interpreter's supervisor (see `trl_ext.rlm.sandbox`), None between lives."""
         interpreter = self._resources.interpreter
-        return interpreter.popen.pid if interpreter is not None else None
+        return interpreter.process.pid if interpreter is not None else None
+
+    def memory_peak_bytes(self) -> int | None:
+        """Peak memory of the current interpreter life, all its processes and files together (None without
+        control groups)."""
+        interpreter = self._resources.interpreter
+        peak = getattr(interpreter.process, "memory_peak_bytes", None) if interpreter is not None else None
+        return peak() if peak is not None else None
 
     @property
     def closed(self) -> bool:
@@ -571,81 +565,28 @@ class PythonREPL:
         return f"PythonREPL({state}, uid={self.uid}, isolation={self.isolation!r}, timeout_s={self.timeout_s:g})"
 
     # ------------------------------------------------------------------------------------------ internals
-    def _limits(self) -> dict[str, int]:
-        # RLIMIT_NPROC counts every task of the uid. A private uid has only the interpreter; a uid shared with the
-        # trainer (non-root trainer) has all of the trainer's tasks too, which must stay allowed.
-        tasks = 1 if self._resources.lease is not None else count_tasks_of_uid(os.getuid()) + 1
-        return {
-            "RLIMIT_AS": self.memory_mb * 2**20,
-            "RLIMIT_CPU": max(1, math.ceil(self.cpu_time_s)),
-            "RLIMIT_NPROC": tasks + self.max_processes,
-            "RLIMIT_FSIZE": self.max_file_mb * 2**20,
-            "RLIMIT_NOFILE": self.max_open_files,
-            "RLIMIT_CORE": 0,
-        }
-
     def _start_interpreter(self) -> None:
         """Spawn a fresh interpreter and send it the init payload (blocking; run off the event loop)."""
         resources = self._resources
-        cmd_read, cmd_write = os.pipe2(os.O_CLOEXEC)  # parent -> child
-        evt_read, evt_write = os.pipe2(os.O_CLOEXEC)  # child -> parent
-        lease = resources.lease
-        config = {
-            "read_fd": cmd_read,
-            "write_fd": evt_write,
-            "uid": lease.uid if lease is not None else None,
-            "gid": lease.gid if lease is not None else None,
-            # Killing every other process of the sandbox is only safe with a private uid or a private PID namespace.
-            "reap_strays": lease is not None or bool(self._command_prefix),
-            "limits": self._limits(),
-            "import_paths": list(interpreter_import_paths()),
-            "max_output_chars": self.max_output_chars,
-        }
-        command = [
-            *self._command_prefix,
-            sys.executable,
-            "-I",
-            "-S",
-            "-B",
-            "-c",
-            _BOOT,
-            str(cmd_read),
-            str(evt_write),
-        ]
-        try:
-            popen = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=resources.log_fd,
-                stderr=resources.log_fd,
-                cwd=resources.workdir,
-                env=self._env,
-                pass_fds=(cmd_read, evt_write),
-                start_new_session=True,
-            )
-        except BaseException:
-            os.close(cmd_write)
-            os.close(evt_read)
-            raise
-        finally:  # the child has its own copies of its ends
-            os.close(cmd_read)
-            os.close(evt_write)
-        interpreter = _Interpreter(popen, _Wire(evt_read, cmd_write, self.max_message_bytes), config["uid"])
-        resources.interpreter = interpreter
-        try:
-            startup = [_SERVER_CODE, pickle.dumps(config, protocol=pickle.HIGHEST_PROTOCOL), self._init_payload]
-            view = memoryview(b"".join(_HEADER.pack(len(part)) + part for part in startup))
-            deadline = time.monotonic() + self.startup_timeout_s
-            poller = select.poll()
-            poller.register(interpreter.wire.write_fd, select.POLLOUT)
-            while view:
-                view = view[interpreter.wire._write_some(view) :]
-                if view:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError()
-                    poller.poll(100)
-        except (_ChildGone, TimeoutError):
-            pass  # reported with the exit status when the first cell waits for "ready"
+        spec = LaunchSpec(
+            limits=self.limits,
+            lease=resources.lease,
+            root_dir=resources.root_dir,
+            home=resources.home,
+            log_fd=resources.log_fd,
+            env=self._env,
+            server_code=_SERVER_CODE,
+            server_options={
+                "max_output_chars": self.limits.max_output_chars,
+                "max_answer_chars": self.limits.max_answer_chars,
+            },
+            init_payload=self._init_payload,
+            boot=_BOOT,
+        )
+        process = self.backend.start(spec)
+        resources.interpreter = _Interpreter(
+            process, _Wire(process.read_fd, process.write_fd, self.limits.max_message_bytes)
+        )
 
     async def _ensure_ready(self) -> str:
         """Start or restart the interpreter if needed and wait until it is ready; returns a restart notice."""
@@ -659,15 +600,17 @@ class PythonREPL:
         assert interpreter is not None
         if interpreter.ready:
             return notice
+        startup_timeout_s = self.limits.startup_timeout_s
         try:
-            message = await interpreter.wire.recv(self.startup_timeout_s)
+            message = await interpreter.wire.recv(startup_timeout_s)
         except TimeoutError:
-            problem = f"did not start within startup_timeout_s={self.startup_timeout_s:g} s"
+            problem = f"did not start within startup_timeout_s={startup_timeout_s:g} s"
         except (_ChildGone, _ProtocolError):
             problem = "failed to start"
         else:
             if message.get("kind") == "ready" and message.get("error") is None:
                 interpreter.ready = True
+                interpreter.process.freeze()  # nothing of the REPL runs between cells
                 return notice
             problem = f"could not load `context` or the helpers:\n{message.get('error')}"
         returncode = await loop.run_in_executor(None, interpreter.kill)
@@ -681,32 +624,53 @@ class PythonREPL:
         notice = await self._ensure_ready()
         interpreter = self._resources.interpreter
         assert interpreter is not None
-        wire = interpreter.wire
-        budget = self.timeout_s
+        wire, process = interpreter.wire, interpreter.process
+        timeout_s = self.limits.timeout_s
+        budget = timeout_s
+        # Every frame of this cell must carry its sequence number: a frame forged by model code (it can write
+        # to the interpreter's descriptors) gets no further than the model's own FINAL_VAR could, and a stray,
+        # missing or late frame breaks the protocol instead of answering a later cell.
+        self._seq += 1
+        seq = self._seq
         try:
-            await wire.send({"kind": "exec", "code": code}, self.timeout_s)
+            process.thaw()
+            await wire.send({"kind": "exec", "seq": seq, "code": code}, timeout_s)
             while True:
                 started = time.monotonic()
                 message = await wire.recv(budget)
                 budget -= time.monotonic() - started
+                if message.get("seq") != seq:
+                    raise _ProtocolError(f"a frame of cell {message.get('seq')!r:.20} arrived during cell {seq}")
                 if message["kind"] == "result":
-                    result = _parse_result(message)
+                    process.freeze()
+                    if wire.pending():
+                        raise _ProtocolError("extra bytes after the cell's result")
+                    result = _parse_result(message, self.limits.max_answer_chars)
                     return replace(result, stdout=notice + result.stdout, restarted=bool(notice))
                 if message["kind"] != "query":
-                    raise _ProtocolError(f"unexpected message kind {message['kind']!r}")
+                    raise _ProtocolError(f"unexpected message kind {message['kind']!r:.40}")
                 request = _parse_query(message)
+                process.freeze()  # nothing of the REPL runs while the policy generates the answer
                 answer = await self._answer(request, on_query)
-                await wire.send(answer, self.timeout_s)
+                process.thaw()
+                await wire.send(answer, timeout_s)
         except TimeoutError:
-            await self._lose_interpreter(f"the previous cell exceeded the {self.timeout_s:g} s time limit")
+            await self._lose_interpreter(f"the previous cell exceeded the {timeout_s:g} s time limit")
             error = (
-                f"TimeoutError: the cell did not finish within {self.timeout_s:g} s. The REPL process was killed and "
+                f"TimeoutError: the cell did not finish within {timeout_s:g} s. The REPL process was killed and "
                 "its variables are lost; the next cell starts a fresh REPL."
             )
             return ReplResult(stdout=notice, error=error, timed_out=True, restarted=bool(notice))
         except (_ChildGone, _ProtocolError) as exc:
             returncode = await self._lose_interpreter(None)
-            what = describe_exit(returncode) if isinstance(exc, _ChildGone) else f"broke the REPL protocol ({exc})"
+            if isinstance(exc, _ProtocolError):
+                what = f"broke the REPL protocol ({exc})"
+            elif process.out_of_memory():
+                what = (
+                    f"ran out of memory (the REPL's limit is memory_mb={self.limits.memory_mb} for all its processes)"
+                )
+            else:
+                what = describe_exit(returncode)
             self._lost_reason = f"the REPL process {what}"
             error = (
                 f"The REPL process {what}; its variables are lost and the next cell starts a fresh REPL."
@@ -778,16 +742,20 @@ def _parse_query(message: Mapping[str, Any]) -> QueryRequest:
     )
 
 
-def _parse_result(message: Mapping[str, Any]) -> ReplResult:
+def _parse_result(message: Mapping[str, Any], max_answer_chars: int) -> ReplResult:
     stdout, error, final_answer = message.get("stdout"), message.get("error"), message.get("final_answer")
     if not isinstance(stdout, str) or not isinstance(error, (str, type(None))):
         raise _ProtocolError("a result needs a str 'stdout' and a str or null 'error'")
     if not isinstance(final_answer, (str, type(None))):
         raise _ProtocolError("a result's 'final_answer' must be a str or null")
+    truncated = final_answer is not None and len(final_answer) > max_answer_chars
+    if truncated:
+        final_answer = final_answer[:max_answer_chars]
     return ReplResult(
         stdout=_valid_text(stdout),
         error=_valid_text(error) if error is not None else None,
         final_answer=_valid_text(final_answer) if final_answer is not None else None,
+        answer_truncated=truncated,
     )
 
 
@@ -802,9 +770,3 @@ def _valid_text(text: str) -> str:
 
 def _format_log_tail(tail: str) -> str:
     return f"\nLast output of the process:\n{tail}" if tail else ""
-
-
-def _check_positive(**values: float) -> None:
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{name} must be a positive number, got {value!r}")

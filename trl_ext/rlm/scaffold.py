@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from . import prompts
 from .repl import ReplResult
-from .sandbox import ISOLATION_MODES
+from .sandbox import SandboxLimits
 
 __all__ = [
     "FinalAnswer",
@@ -72,8 +72,9 @@ class RLMScaffoldConfig:
 
     > REPL sandbox (see `trl_ext.rlm.repl.PythonREPL`)
 
-    repl_timeout_s, repl_memory_mb, repl_max_processes, repl_isolation: per-REPL limits and isolation mode.
-    max_output_chars: REPL output shown to the model per turn (truncated beyond, with a note).
+    sandbox: every limit and isolation setting of the REPLs (`SandboxLimits`: ``timeout_s``, ``memory_mb``,
+        ``isolation``, ``network``...; its ``max_output_chars`` is also the REPL output shown to the model per
+        turn, truncated beyond with a note).
     helpers: Python source run in every REPL at start (task helper functions).
     helper_objects: name -> picklable object copied into every REPL.
 
@@ -83,7 +84,7 @@ class RLMScaffoldConfig:
         A full batch is sent without waiting for the remaining rollouts.
     max_batch_wait_s: send the pending requests once the oldest has waited this long, even if some rollouts are
         still running code (None: wait for all of them, one call per wave). Bounds how long one slow REPL cell
-        (up to ``repl_timeout_s``) can hold every other rollout back, at the price of more, smaller calls.
+        (up to ``sandbox.timeout_s``) can hold every other rollout back, at the price of more, smaller calls.
 
     > Prompts (templates of `trl_ext.rlm.prompts`; see there for the placeholders)
 
@@ -97,12 +98,8 @@ class RLMScaffoldConfig:
     max_total_children: int = field(default=64, metadata={"help": "Children in one root's tree, all depths."})
     max_llm_queries: int = field(default=64, metadata={"help": "Prompts one llm_query_batched call may pass."})
     max_prompt_tokens: int | None = field(default=None, metadata={"help": "Longest prompt sent to the generator."})
-    max_output_chars: int = field(default=20_000, metadata={"help": "REPL output characters shown per turn."})
-    repl_timeout_s: float = field(default=10.0, metadata={"help": "Wall-clock limit of one REPL cell."})
-    repl_memory_mb: int = field(default=1024, metadata={"help": "Address-space limit of each REPL."})
-    repl_max_processes: int = field(default=32, metadata={"help": "Processes+threads model code may start."})
-    repl_isolation: Literal["process", "namespace"] = field(
-        default="process", metadata={"help": "'process', or 'namespace' (no network; needs unshare)."}
+    sandbox: SandboxLimits = field(
+        default_factory=SandboxLimits, metadata={"help": "Limits and isolation of every REPL (SandboxLimits)."}
     )
     helpers: tuple[str, ...] = field(default=(), metadata={"help": "Helper source run in every REPL."})
     helper_objects: dict[str, Any] = field(default_factory=dict, metadata={"help": "Objects copied into REPLs."})
@@ -129,25 +126,17 @@ class RLMScaffoldConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "max_children", "max_total_children", "max_llm_queries", "max_output_chars"):
+        for name in ("max_turns", "max_children", "max_total_children", "max_llm_queries"):
             _check_int(name, getattr(self, name), minimum=1)
         _check_int("max_depth", self.max_depth, minimum=0)
-        _check_int("repl_memory_mb", self.repl_memory_mb, minimum=64)
-        _check_int("repl_max_processes", self.repl_max_processes, minimum=0)
+        if not isinstance(self.sandbox, SandboxLimits):
+            raise TypeError(f"sandbox must be a SandboxLimits, got {type(self.sandbox).__name__}")
         for name in ("max_prompt_tokens", "max_batch_size"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), minimum=1)
         wait = self.max_batch_wait_s
         if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0):
             raise ValueError(f"max_batch_wait_s must be None or a number of seconds >= 0, got {wait!r}")
-        if (
-            isinstance(self.repl_timeout_s, bool)
-            or not isinstance(self.repl_timeout_s, (int, float))
-            or self.repl_timeout_s <= 0
-        ):
-            raise ValueError(f"repl_timeout_s must be a positive number of seconds, got {self.repl_timeout_s!r}")
-        if self.repl_isolation not in ISOLATION_MODES:
-            raise ValueError(f"repl_isolation must be one of {ISOLATION_MODES}, got {self.repl_isolation!r}")
         if isinstance(self.helpers, str):
             self.helpers = (self.helpers,)
         self.helpers = tuple(self.helpers)
@@ -261,17 +250,21 @@ def format_observation(
     """The user message that answers an action in later prompts.
 
     Args:
-        config: gives the templates and `max_output_chars`.
+        config: gives the templates and `sandbox.max_output_chars`.
         result: the cell's result, or None when the action had no code.
         final_var_error: ``(name, error)`` when a ``FINAL_VAR(name)`` line gave no answer.
     """
     parts = []
     if result is not None:
-        parts.append(config.repl_output_prompt.format(output=format_repl_output(result, config.max_output_chars)))
+        parts.append(
+            config.repl_output_prompt.format(output=format_repl_output(result, config.sandbox.max_output_chars))
+        )
     if final_var_error is not None:
         name, error = final_var_error
         parts.append(
-            config.final_var_error_prompt.format(name=name, error=truncate_output(error, config.max_output_chars))
+            config.final_var_error_prompt.format(
+                name=name, error=truncate_output(error, config.sandbox.max_output_chars)
+            )
         )
     if not parts:
         parts.append(config.no_code_prompt.format())

@@ -20,6 +20,7 @@ is counted in ``judge/failure_ratio`` and recorded in the audit log; the rollout
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import logging
@@ -40,7 +41,8 @@ from ..judge.client import STRUCTURED_OUTPUT_MODES, AsyncChatClient, BackgroundE
 from ..judge.credit import DEFAULT_LABEL_SCORES, cap_credit, per_token_advantages, span_credit
 from ..judge.judge import JudgeRequest, JudgeVerdict, SpanJudge, extract_final_answer
 from ..judge.markers import build_marked_trace
-from ..judge.tools import TOOL_NAMES
+from ..judge.tools import TOOL_NAMES, ReplSandbox
+from ..rlm.sandbox import SandboxArguments, isolation_report, resolve_isolation
 from .ext_grpo import ExtGRPOConfig, ExtGRPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -49,7 +51,7 @@ AUDIT_FILE = "judge_audit.jsonl"
 
 
 @dataclass
-class JudgeCreditConfig(ExtGRPOConfig):
+class JudgeCreditConfig(ExtGRPOConfig, SandboxArguments):
     r"""
     Configuration for [`JudgeCreditTrainer`]: every field of [`ExtGRPOConfig`], plus the span judge.
 
@@ -90,7 +92,9 @@ class JudgeCreditConfig(ExtGRPOConfig):
         judge_tools (`list[str]`, *optional*): tools offered, from `view_tokens`, `search_trace`, `run_python`,
             `check_equivalent` (all by default; `[]` for none).
         judge_max_tool_rounds (`int`, *optional*, defaults to `4`): tool-call rounds before the judge must answer.
-        judge_python_timeout (`float`, *optional*, defaults to `10.0`): seconds per sandboxed Python run.
+        repl_timeout_s, repl_isolation, repl_memory_mb, ... (every `trl_ext.rlm.SandboxLimits` field as
+            ``repl_<name>``): the sandboxes of the judge's ``run_python`` and ``check_equivalent``;
+            ``repl_timeout_s`` is the wall-clock limit of each call (docs/security.md).
         judge_verdict_reward (`str`, *optional*, defaults to `"auto"`):
             Where the verifier's verdict shown to the judge comes from: the name of a reward function (it runs
             first and the judge starts right after generation, overlapping log-prob passes and the other rewards),
@@ -184,9 +188,6 @@ class JudgeCreditConfig(ExtGRPOConfig):
     judge_max_tool_rounds: int = field(
         default=4, metadata={"help": "Rounds of tool calls before the judge must answer with spans (0 = no tools)."}
     )
-    judge_python_timeout: float = field(
-        default=10.0, metadata={"help": "Seconds per sandboxed run_python / check_equivalent call."}
-    )
     judge_verdict_reward: str = field(
         default="auto",
         metadata={
@@ -236,9 +237,9 @@ class JudgeCreditConfig(ExtGRPOConfig):
         for name in ("judge_max_retries", "judge_max_tool_rounds"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0.")
-        for name in ("judge_timeout", "judge_python_timeout"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be > 0 seconds.")
+        if not self.judge_timeout > 0:
+            raise ValueError(f"judge_timeout={self.judge_timeout} must be > 0 seconds.")
+        self.sandbox_limits()  # validates the repl_* fields with the sandbox's own messages
         if not 0 <= self.judge_backoff_initial <= self.judge_backoff_max:
             raise ValueError(
                 f"judge_backoff_initial={self.judge_backoff_initial} and judge_backoff_max={self.judge_backoff_max}: "
@@ -356,11 +357,15 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
                 label_scores=args.label_scores,
                 tools=args.judge_tools,
                 max_tool_rounds=args.judge_max_tool_rounds,
-                python_timeout=args.judge_python_timeout,
+                python_factory=functools.partial(ReplSandbox, args.sandbox_limits()),
+                python_timeout=args.repl_timeout_s,
             )
         elif not isinstance(judge, SpanJudge):
             raise TypeError(f"judge must be a trl_ext.judge.SpanJudge, got {type(judge).__name__}.")
         self.judge = judge
+        if "run_python" in args.judge_tools or "check_equivalent" in args.judge_tools:
+            resolve_isolation(args.sandbox_limits())  # isolation="strict" fails now; "auto" warns once if weaker
+            self.sandbox_info = isolation_report(args.sandbox_limits())  # written to the run info
         self._judge_loop = BackgroundEventLoop()
         self._verdict_index = self._resolve_verdict_reward(args.judge_verdict_reward)
         self._audit: JudgeAuditLog | None = None

@@ -31,6 +31,7 @@ from ..advantages import broadcast_advantages, stepwise_loss_weights, trained_no
 from ..losses import importance_sampling_ratio
 from ..rlm import RLMEngine, RLMScaffoldConfig, RLMTask, RolloutTree
 from ..rlm.generators import TransformersGenerator, VLLMColocateGenerator, VLLMServerGenerator
+from ..rlm.sandbox import SandboxArguments, isolation_report, resolve_isolation
 from .ext_grpo import ExtGRPOConfig, ExtGRPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ TOKEN_SUM_LOSS_TYPES = ("dapo", "cispo", "vespo", "ipo")
 
 
 @dataclass
-class StepwiseRLMConfig(ExtGRPOConfig):
+class StepwiseRLMConfig(ExtGRPOConfig, SandboxArguments):
     r"""
     Configuration for [`StepwiseRLMTrainer`]: every field of [`ExtGRPOConfig`] plus the RLM scaffold.
 
@@ -50,8 +51,12 @@ class StepwiseRLMConfig(ExtGRPOConfig):
         max_turns, max_depth, max_children, max_total_children:
             turns per node; deepest child depth (`rlm_query` degrades to `llm_query` there); children one
             `rlm_query_batched` call may start; children in one root's tree.
-        repl_timeout_s, repl_memory_mb:
-            per-cell wall-clock limit and address-space limit of each sandboxed REPL.
+
+        > REPL sandbox (docs/security.md)
+
+        repl_isolation, repl_network, repl_timeout_s, repl_memory_mb, repl_max_processes, repl_cpus, repl_disk_mb,
+        ...: every field of `trl_ext.rlm.SandboxLimits` as ``repl_<name>``. The default isolation is the strongest
+        the host allows (``"auto"``); ``repl_isolation="strict"`` refuses to start without Linux namespaces.
 
         > Training samples (SPEC §1.2-1.3)
 
@@ -76,8 +81,6 @@ class StepwiseRLMConfig(ExtGRPOConfig):
     )
     max_children: int = field(default=4, metadata={"help": "RLM: children one rlm_query_batched call may start."})
     max_total_children: int = field(default=64, metadata={"help": "RLM: child budget of one root's whole tree."})
-    repl_timeout_s: float = field(default=10.0, metadata={"help": "RLM: wall-clock limit of one REPL cell (s)."})
-    repl_memory_mb: int = field(default=1024, metadata={"help": "RLM: address-space limit of each REPL (MiB)."})
     train_children: bool = field(default=True, metadata={"help": "Train the turns of child RLMs, not only roots'."})
     child_sampling: str = field(
         default="all", metadata={"help": "'all' children with 1/k weights, or 'one' drawn child per parent."}
@@ -119,8 +122,7 @@ class StepwiseRLMConfig(ExtGRPOConfig):
             max_depth=self.max_depth,
             max_children=self.max_children,
             max_total_children=self.max_total_children,
-            repl_timeout_s=self.repl_timeout_s,
-            repl_memory_mb=self.repl_memory_mb,
+            sandbox=self.sandbox_limits(),
             **{key: value for key, value in overrides.items() if value is not None},
         )
 
@@ -135,7 +137,8 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
     (colocate or server) when ``use_vllm=True``.
 
     Metrics: ``rlm/turns_mean`` (turns per node), ``rlm/children_mean`` (children per root), ``rlm/depth_max``,
-    ``rlm/rows_per_root``, ``rlm/final_answer_rate``, ``repl/error_rate``, ``repl/timeout_rate``,
+    ``rlm/rows_per_root``, ``rlm/final_answer_rate``, ``repl/error_rate``, ``repl/timeout_rate``, ``repl/crash_rate``,
+    ``repl/truncated_answers`` (final answers cut to ``repl_max_answer_chars``),
     ``rlm/padding_rows``.
     """
 
@@ -151,6 +154,8 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
             warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
             super().__init__(model, reward_funcs, args, *pargs, rollout_func=_rlm_rollout, **kwargs)
         self._rlm_config = args.scaffold_config()
+        resolve_isolation(self._rlm_config.sandbox)  # isolation="strict" fails now; "auto" warns once if weaker
+        self.sandbox_info = isolation_report(self._rlm_config.sandbox)  # written to the run info
         self._rlm_rng = random.Random(args.seed + self.accelerator.process_index)
         self._rlm_trees: list[RolloutTree] = []
         self._rlm_inputs: list[dict[str, Any]] = []
@@ -347,11 +352,13 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
                 stats.repl_cells,
                 stats.repl_errors,
                 stats.repl_timeouts,
+                stats.repl_crashes,
+                stats.truncated_answers,
             ],
             dtype=torch.float64,
             device=self.accelerator.device,
         )
-        roots, nodes, turns, children, answered, rows, cells, errors, timeouts = (
+        roots, nodes, turns, children, answered, rows, cells, errors, timeouts, crashes, truncated = (
             self.accelerator.gather(local.unsqueeze(0)).sum(0).tolist()
         )
         depth = torch.tensor(max(node.depth for tree in trees for node in tree.nodes), device=local.device)
@@ -363,6 +370,8 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
         metrics["rlm/final_answer_rate"].append(answered / roots)
         metrics["repl/error_rate"].append(errors / cells if cells else 0.0)
         metrics["repl/timeout_rate"].append(timeouts / cells if cells else 0.0)
+        metrics["repl/crash_rate"].append(crashes / cells if cells else 0.0)
+        metrics["repl/truncated_answers"].append(truncated)
 
     def _pad_rows(self, batch: dict[str, Any]) -> dict[str, Any]:
         batch = super()._pad_rows(batch)
