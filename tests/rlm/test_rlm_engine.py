@@ -192,8 +192,9 @@ def test_depth_two_batching_is_one_call_per_wave(depth_two_run):
 
 
 # ------------------------------------------------------------------------------------------ limits, failures
-def run_one(table, llm=lambda prompt: f"LLM<{prompt}>", timeout_s=5, **config_kwargs):
-    config = RLMScaffoldConfig(sandbox=SandboxLimits(timeout_s=timeout_s), **config_kwargs)
+def run_one(table, llm=lambda prompt: f"LLM<{prompt}>", timeout_s=5, max_answer_chars=100_000, **config_kwargs):
+    limits = SandboxLimits(timeout_s=timeout_s, max_answer_chars=max_answer_chars)
+    config = RLMScaffoldConfig(sandbox=limits, **config_kwargs)
     engine = RLMEngine(scripted(table, llm), TOKENIZER, config)
     [tree] = engine.run([RLMTask("t", "ctx")])
     return tree, engine.stats
@@ -225,6 +226,13 @@ def test_crash_is_recorded_and_the_rollout_goes_on():
     assert "The REPL process exited with status 7" in tree.root.turns[0].observation
     assert tree.root.turns[1].observation.endswith("loaded again.]\nagain")
     assert tree.final_answer == "ok" and stats.repl_crashes == 1 and stats.repl_restarts == 1
+
+
+def test_an_answer_over_the_cap_is_cut_and_counted():
+    table = {"t": ["```repl\nanswer = 'z' * 5000\nFINAL_VAR('answer')\n```"]}
+    tree, stats = run_one(table, max_answer_chars=100)
+    assert tree.final_answer == "z" * 100 and tree.root.turns[0].repl_result.answer_truncated
+    assert stats.truncated_answers == 1
 
 
 def test_too_many_children_in_one_call_is_refused():

@@ -334,17 +334,20 @@ def _fd_output(start, limit):
 
 
 def _reap_strays():
-    """Kill every other process of this sandbox (same private uid, or same PID namespace) and reap them."""
+    """Kill every other process of this sandbox (same private uid, or same PID namespace) and reap them all.
+
+    The wait blocks until no child is left: a killed process is reaped once it is gone, so no zombie of this cell
+    stays behind to count against the next cell's process limit (as PID 1 of a namespace this server also adopts
+    every orphan; without one, the supervisor adopts and reaps them).
+    """
     try:
         os.kill(-1, _signal.SIGKILL)  # never signals the caller itself
     except (ProcessLookupError, PermissionError):
         pass
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            os.waitpid(-1, 0)
         except ChildProcessError:
-            return
-        if pid == 0:
             return
 
 
@@ -408,8 +411,9 @@ def _supervise(config, protocol_fds):
     (``PR_SET_CHILD_SUBREAPER``) and reaps it, so zombies never pile up against the uid's process limit. It
     reads the lifeline, a pipe whose other end only the trainer holds: end of file, because the trainer closed
     it or died however it died, makes it kill everything of the sandbox, wait until nothing is left and exit
-    with the server's status (re-raising its signal). When the trainer itself is gone it also removes the
-    REPL's control groups and directory, so a trainer killed with SIGKILL leaves nothing behind.
+    with the server's status (re-raising its signal). A trainer that closes an interpreter writes a byte first;
+    end of file without it means the trainer is gone, and the supervisor also removes the REPL's control groups
+    and directory, so a trainer killed with SIGKILL leaves nothing behind.
     """
     lifeline = config["lifeline_fd"]
     _prctl(_PR_SET_CHILD_SUBREAPER, 1, "prctl(PR_SET_CHILD_SUBREAPER)")
@@ -438,6 +442,8 @@ def _supervise(config, protocol_fds):
 
     status = None
     killing = False
+    released = False  # the trainer said it is closing this interpreter (a byte before the end of file)
+    trainer_gone = False  # end of file without that byte
     while True:
         while True:  # reap the server and every adopted orphan
             try:
@@ -469,10 +475,15 @@ def _supervise(config, protocol_fds):
                 data = os.read(lifeline, 64)
             except OSError:
                 data = b""
+            released = released or bool(data)
+            trainer_gone = not data and not released
             if not data and not killing:
                 killing = True
                 _kill_sandbox(config, server)
-    if os.getppid() != config["trainer_pid"]:  # the trainer died: clean up after it
+            if not data:
+                os.close(lifeline)
+                lifeline = wake_read  # nothing more to read there
+    if trainer_gone:  # end of file without the trainer's word: it died however it died; clean up after it
         for path in config["cgroups"]:
             try:
                 os.rmdir(path)

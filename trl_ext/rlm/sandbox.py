@@ -865,6 +865,10 @@ class LocalProcess(SandboxProcess):
 
     def kill(self) -> int | None:
         if self._lifeline >= 0:  # end of file on the lifeline: the supervisor kills the sandbox and exits
+            try:
+                os.write(self._lifeline, b"x")  # "closed on purpose": the supervisor leaves the REPL's directory
+            except OSError:
+                pass
             os.close(self._lifeline)
             self._lifeline = -1
         try:

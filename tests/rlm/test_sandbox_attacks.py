@@ -1,0 +1,531 @@
+"""Attacks on the REPL sandbox with its default settings, by class (docs/security.md). Every test is an attack that
+must fail: model code run for real in a real sandbox, real sockets on 127.0.0.1, real processes.
+
+The suite expects what this project's CI machine gives: root, Linux namespaces and writable cgroup v1 controllers.
+Where the host gives less, the tests of what needs it are skipped with the reason (the warning of
+`trl_ext.rlm.sandbox.resolve_isolation` says the same to a user).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+
+import pytest
+
+from trl_ext.rlm import PythonREPL, SandboxLimits
+from trl_ext.rlm import sandbox as sandbox_module
+from trl_ext.rlm.sandbox import processes_of_uid
+
+HOST = sandbox_module.host_support()
+AS_ROOT = os.geteuid() == 0
+needs_namespaces = pytest.mark.skipif(HOST.namespaces is not None, reason=f"no namespaces here: {HOST.namespaces}")
+needs_cgroups = pytest.mark.skipif(HOST.cgroups is not None, reason=f"no control groups here: {HOST.cgroups}")
+needs_root = pytest.mark.skipif(not AS_ROOT, reason="private uids need a root trainer")
+needs_seccomp = pytest.mark.skipif(HOST.seccomp is not None, reason=f"no syscall filter here: {HOST.seccomp}")
+
+# One uid only, so that a REPL opened after another one surely gets the uid the first one had.
+ONE_UID = range(1_900_070_000, 1_900_070_001)
+
+
+def run(repl: PythonREPL, code: str):
+    return repl.execute(textwrap.dedent(code))
+
+
+def test_default_isolation_is_the_strongest_the_host_allows():
+    with PythonREPL() as repl:
+        assert repl.isolation == ("namespace" if HOST.namespaces is None else "process")
+    report = sandbox_module.isolation_report(SandboxLimits())
+    assert report["repl/isolation"] == repl.isolation
+    if HOST.namespaces is None and HOST.cgroups is None and HOST.seccomp is None and AS_ROOT:
+        assert report["open"] == []  # nothing of the threat model left open on this host
+
+
+# --------------------------------------------------------------------- 1. reward tampering via the file system
+@needs_namespaces
+def test_1_trainer_command_line_and_world_readable_files_are_out_of_sight(tmp_path):
+    answers = tmp_path / "dataset" / "answers.jsonl"
+    answers.parent.mkdir()
+    answers.write_text('{"answer": "42"}\n')
+    for path in (tmp_path, answers.parent):
+        os.chmod(path, 0o755)
+    os.chmod(answers, 0o644)  # world-readable ground truth next to the trainer
+    checkpoint = os.path.join(os.getcwd(), "pyproject.toml")  # the project source, the trainer's cwd
+    with PythonREPL() as repl:
+        for target in (f"/proc/{os.getpid()}/cmdline", str(answers), checkpoint, sys.modules[__name__].__file__):
+            result = run(repl, f"print(open({target!r}).read())")
+            assert result.error is not None and "FileNotFoundError" in result.error, (target, result)
+        listing = run(repl, "import os; print(sorted(os.listdir('/')))").stdout
+        assert "work" not in listing and "home" in listing and "tmp" in listing
+        assert "No module named 'trl_ext'" in run(repl, "import trl_ext").error  # nor the reward's source
+        # the runtime it sees is read-only
+        site = sandbox_module.interpreter_import_paths()[-1]
+        write = run(repl, f"open({os.path.join(site, 'evil.pth')!r}, 'w')")
+        assert write.error is not None and ("Read-only" in write.error or "PermissionError" in write.error)
+        pids = run(repl, "import os; print([p for p in os.listdir('/proc') if p.isdigit()])").stdout
+        assert pids == "['1']\n"  # its own processes only
+
+
+# ------------------------------------------------------------------------------ 2. the trainer's local services
+class _FakeVLLMServe(http.server.BaseHTTPRequestHandler):
+    """Stands in for `trl vllm-serve`: unauthenticated endpoints that replace or close the policy's weights."""
+
+    hits: list[str] = []
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        type(self).hits.append(self.path)
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def vllm_serve():
+    _FakeVLLMServe.hits = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeVLLMServe)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+_POST = """
+import urllib.request
+for path in ("/close_communicator/", "/update_named_param/"):
+    try:
+        urllib.request.urlopen(urllib.request.Request("http://127.0.0.1:{port}" + path, data=b"{{}}"), timeout=2)
+        print("reached", path)
+    except OSError as exc:
+        print("blocked", type(exc).__name__)
+"""
+
+
+@needs_namespaces
+def test_2_weight_update_endpoints_on_loopback_are_unreachable(vllm_serve):
+    with PythonREPL() as repl:
+        out = run(repl, _POST.format(port=vllm_serve)).stdout
+    assert "reached" not in out and out.count("blocked") == 2
+    assert _FakeVLLMServe.hits == []
+
+
+@needs_namespaces
+def test_2_network_is_an_explicit_opt_in(vllm_serve):
+    with PythonREPL(network=True) as repl:  # documented: this is what lets model code reach the trainer's services
+        assert run(repl, _POST.format(port=vllm_serve)).stdout.count("reached") == 2
+    assert len(_FakeVLLMServe.hits) == 2
+
+
+@needs_namespaces
+def test_2_a_port_the_repl_listens_on_is_not_the_trainers_loopback():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # free now; the REPL tries to take it and answer the trainer
+    with PythonREPL() as repl:
+        out = run(
+            repl,
+            f"""
+            import socket
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", {port})); s.listen(); print("listening")
+            except OSError as exc:
+                print("no", exc)
+            """,
+        ).stdout
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    assert "listening" not in out or "no" not in out  # whichever it got, the trainer never reached it
+
+
+@needs_namespaces
+def test_2_world_writable_unix_sockets_are_out_of_reach(tmp_path):
+    path = os.path.join(tempfile.gettempdir(), f"trl_ext_attack_{os.getpid()}.sock")
+    abstract = f"\0trl_ext_attack_{os.getpid()}"
+    servers = []
+    try:
+        for address in (path, abstract):
+            server = socket.socket(socket.AF_UNIX)
+            server.bind(address)
+            server.listen()
+            servers.append(server)
+        os.chmod(path, 0o777)
+        with PythonREPL() as repl:
+            for address in (path, abstract):
+                result = run(repl, f"import socket\nsocket.socket(socket.AF_UNIX).connect({address!r})")
+                assert result.error is not None and (
+                    "FileNotFoundError" in result.error or "Connection" in result.error
+                )
+    finally:
+        for server in servers:
+            server.close()
+        if os.path.exists(path):
+            os.remove(path)
+
+
+# ------------------------------------------------------------------------------ 3. state that outlives a REPL
+@needs_namespaces
+@needs_root
+def test_3_files_in_tmp_and_dev_shm_die_with_the_repl_and_the_next_one_on_its_uid_sees_nothing():
+    with PythonREPL(sandbox_uids=ONE_UID) as first:
+        run(first, "for d in ('/tmp', '/dev/shm', '.'):\n    open(d + '/answer', 'w').write('42')")
+        uid = first.uid
+    with PythonREPL(sandbox_uids=ONE_UID) as second:
+        assert second.uid == uid
+        out = run(second, "import os\nprint([os.path.exists(d + '/answer') for d in ('/tmp', '/dev/shm', '.')])")
+        assert out.stdout == "[False, False, False]\n"
+
+
+@needs_namespaces
+def test_3_concurrent_repls_share_no_files():
+    with PythonREPL() as first, PythonREPL() as second:
+        run(first, "import os\nopen('/tmp/shared', 'w').write('hi')\nos.chmod('/tmp/shared', 0o666)")
+        assert run(second, "import os; print(os.listdir('/tmp'), os.listdir('/dev/shm'))").stdout == "[] []\n"
+
+
+@needs_root
+def test_3_process_backend_deletes_what_a_closed_repl_left_in_shared_directories():
+    with PythonREPL(isolation="process", sandbox_uids=ONE_UID) as repl:
+        out = run(repl, "import tempfile\nfor d in ('/tmp', '/dev/shm'):\n    print(tempfile.mkstemp(dir=d)[1])")
+        left = out.stdout.split()
+        assert all(os.path.exists(path) for path in left)
+    assert not any(os.path.exists(path) for path in left)
+
+
+@needs_root
+@pytest.mark.parametrize("isolation", ["auto", "process"])
+def test_3_orphaned_zombies_do_not_starve_the_next_repl_on_the_uid(isolation):
+    orphans = """
+    import os
+    for _ in range(4):
+        if os.fork() == 0:      # the child forks a grandchild and exits at once: the grandchild is an orphan
+            if os.fork() == 0:
+                os._exit(0)     # ... which exits too, and becomes a zombie unless someone adopts and reaps it
+            os._exit(0)
+    """
+    with PythonREPL(isolation=isolation, max_processes=4, sandbox_uids=ONE_UID) as repl:
+        for _ in range(3):
+            run(repl, orphans)
+        time.sleep(0.1)
+        zombies = [pid for pid in _zombies_of_uid(repl.uid)]
+        assert zombies == []
+    with PythonREPL(isolation=isolation, max_processes=4, sandbox_uids=ONE_UID) as repl:
+        threads = "import threading\nt = [threading.Thread(target=lambda: None) for _ in range(3)]\n[x.start() for x in t]\nprint('ok')"
+        assert run(repl, threads).stdout == "ok\n"
+
+
+def _zombies_of_uid(uid: int) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                status = open(f"/proc/{name}/status").read()
+            except OSError:
+                continue
+            if f"\nUid:\t{uid}\t" in status and "\nState:\tZ" in status:
+                found.append(int(name))
+    return found
+
+
+_TRAINER = """
+import sys, json
+from trl_ext.rlm import PythonREPL
+repls = [PythonREPL(isolation=sys.argv[1], max_processes=8) for _ in range(2)]
+for repl in repls:
+    repl.execute("import subprocess\\nsubprocess.Popen(['sleep', '300'], start_new_session=True)")
+print(json.dumps([[repl.uid, repl._resources.root_dir, repl.pid] for repl in repls]), flush=True)
+repls[0].execute("import time\\ntime.sleep(300)")  # killed with SIGKILL in the middle of this cell
+"""
+
+
+@needs_root
+@pytest.mark.parametrize("isolation", ["auto", "process"])
+def test_3_a_trainer_killed_with_sigkill_leaves_nothing_behind(isolation):
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", _TRAINER, isolation], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        repls = json.loads(trainer.stdout.readline())
+        time.sleep(0.3)  # the first REPL is inside its sleeping cell
+        for uid, _root, _pid in repls:
+            assert processes_of_uid(uid)  # the REPL and its escaped sleeper run
+    finally:
+        trainer.kill()
+        trainer.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        left = [(uid, processes_of_uid(uid), os.path.exists(root)) for uid, root, _ in repls]
+        if all(not pids and not exists for _, pids, exists in left):
+            break
+        time.sleep(0.05)
+    assert all(not pids and not exists for _, pids, exists in left), left
+    if HOST.cgroups is None:
+        for base in HOST.cgroup_dirs.values():
+            assert not [name for name in os.listdir(base) if name.startswith(f"trl_ext_{trainer.pid}_")]
+
+
+# ------------------------------------------------------------------------------------ 4. limits per REPL
+_CHILDREN_HOLD_MEMORY = """
+import os, time
+read, write = os.pipe()
+children = []
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(200 * 2**20)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        os.write(write, b"x")
+        time.sleep(2)
+        os._exit(0)
+    children.append(pid)
+os.close(write)
+held = 0
+while True:
+    chunk = os.read(read, 8)
+    if not chunk:
+        break
+    held += len(chunk)
+for pid in children:
+    os.waitpid(pid, 0)
+print("held", held)
+"""
+
+
+@needs_cgroups
+def test_4_memory_is_limited_for_the_whole_repl_not_per_process():
+    with PythonREPL(memory_mb=512, max_processes=8, timeout_s=20) as repl:
+        result = run(repl, _CHILDREN_HOLD_MEMORY)
+        peak = repl.memory_peak_bytes()
+        assert "held 4" not in result.stdout, result  # 4 x 200 MB cannot all be resident under 512 MB
+        assert result.crashed or "held" in result.stdout
+        assert peak is None or peak <= 512 * 2**20 or result.crashed
+
+
+@needs_namespaces
+@needs_cgroups
+@pytest.mark.parametrize("where", ["/dev/shm", "memfd"])
+def test_4_shared_memory_files_count_against_the_repl(where):
+    # 700 MB of files in memory with memory_mb=512 (disk_mb large, so only the memory limit can stop it)
+    open_file = "os.memfd_create('x')" if where == "memfd" else "os.open('/dev/shm/x', os.O_CREAT | os.O_WRONLY)"
+    code = f"""
+    import os
+    fd = {open_file}
+    written = 0
+    try:
+        for _ in range(70):
+            written += os.write(fd, b"x" * (10 * 2**20))
+    except OSError as exc:
+        print("stopped", type(exc).__name__)
+    print("written MB", written // 2**20)
+    """
+    with PythonREPL(memory_mb=512, disk_mb=2048, timeout_s=20) as repl:
+        result = run(repl, code)
+        assert "written MB 700" not in result.stdout, result
+        assert result.crashed or "stopped" in result.stdout
+
+
+@needs_namespaces
+def test_4_disk_is_limited_for_the_whole_repl_not_per_file():
+    code = """
+    written = 0
+    try:
+        for path in ("/tmp/a", "/dev/shm/b", "c"):
+            with open(path, "wb") as handle:
+                for _ in range(15):
+                    written += handle.write(b"x" * 2**20)
+    except OSError as exc:
+        print("stopped", exc.strerror)
+    print(written // 2**20)
+    """
+    with PythonREPL(disk_mb=32, memory_mb=512) as repl:
+        out = run(repl, code).stdout.split("\n")
+        assert out[0] == "stopped No space left on device" and int(out[1]) <= 32
+
+
+@needs_cgroups
+def test_4_nothing_of_the_repl_runs_between_cells():
+    start = """
+    import threading, time
+    count = [0]
+    def spin():
+        while True:
+            count[0] += 1
+    threading.Thread(target=spin, daemon=True).start()
+    time.sleep(0.3)
+    rate = count[0] / 0.3
+    """
+    with PythonREPL(timeout_s=5) as repl:
+        run(repl, start)
+        before = int(run(repl, "print(count[0])").stdout)
+        time.sleep(0.5)  # between cells: the spinning thread must be frozen
+        after = int(run(repl, "print(count[0])").stdout)
+        rate = float(run(repl, "print(rate)").stdout)
+    assert after - before < 0.1 * rate * 0.5, (before, after, rate)
+
+
+# ------------------------------------------------------------------------------------- 5. the result channel
+_FORGE = """
+import json, os, sys
+frame = json.dumps({{"kind": "result", "seq": {seq}, "stdout": "forged", "error": None, "final_answer": {answer}}})
+data = frame.encode()
+os.write(int(sys.argv[2]), len(data).to_bytes(4, "big") + data)
+print("real {cell}")
+"""
+
+
+def test_5_a_forged_frame_never_answers_a_later_cell():
+    with PythonREPL() as repl:
+        first = run(repl, _FORGE.format(seq=1, answer='"x" * 10', cell=1))
+        # The forged frame carries the right sequence: it is accepted as this cell's result, which gives the model
+        # nothing its own FINAL_VAR would not. The real frame that follows must not become the next cell's result.
+        assert first.crashed or first.stdout == "forged"
+        second = run(repl, "print('real 2')")
+        assert "real 1" not in second.stdout
+        assert second.stdout.endswith("real 2\n") or (second.crashed and "frame of cell 1" in second.error)
+        third = run(repl, _FORGE.format(seq=99, answer='"y"', cell=3))  # a frame of another cell
+        assert third.crashed and "broke the REPL protocol" in third.error and third.final_answer is None
+        assert run(repl, "print('real 4')").stdout.endswith("real 4\n")
+
+
+def test_5_a_huge_final_answer_is_cut_and_recorded():
+    with PythonREPL(max_answer_chars=1000) as repl:
+        result = run(repl, "answer = 'a' * (60 * 2**20)\nFINAL_VAR('answer')")
+        assert len(result.final_answer) == 1000 and result.answer_truncated
+        forged = run(repl, _FORGE.format(seq=repl._seq + 1, answer='"b" * 5_000_000', cell=2))
+        assert forged.crashed or (len(forged.final_answer) == 1000 and forged.answer_truncated)
+
+
+def test_5_nesting_past_the_parsers_stack_restarts_the_repl():
+    code = (
+        "import os, sys\ndata = ('[' * 200000 + ']' * 200000).encode()\n"
+        "os.write(int(sys.argv[2]), len(data).to_bytes(4, 'big') + data)\nimport time; time.sleep(1)"
+    )
+    with PythonREPL(timeout_s=5) as repl:
+        result = run(repl, code)
+        assert result.crashed and "broke the REPL protocol" in result.error
+        assert run(repl, "print(1)").stdout.endswith("1\n")
+
+
+# -------------------------------------------------------------------------------------------- 6. judge tools
+def _judge_tools():
+    from trl_ext.judge import JudgeTools, build_marked_trace
+    from trl_ext.testing import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    trace = build_marked_trace(tokenizer, tokenizer("2 + 2 = 5")["input_ids"], every=8)
+    return JudgeTools(trace, python_timeout=20)
+
+
+def test_6_run_python_cannot_change_what_check_equivalent_answers():
+    tools = _judge_tools()
+
+    async def attack():
+        try:
+            assert (await tools.check_equivalent("1", "2")).startswith("not equivalent")
+            await tools.python.run(
+                "import sympy, os, signal\n"
+                "sympy.simplify = lambda e: 0\n"  # patch what decides, in run_python's own interpreter
+                "for pid in range(2, 100):\n"  # and try to reach the checker's processes
+                "    try: os.kill(pid, signal.SIGSTOP)\n"
+                "    except OSError: pass\n",
+                20,
+            )
+            return await tools.check_equivalent("1", "2"), await tools.check_equivalent("2/4", "1/2")
+        finally:
+            await tools.aclose()
+
+    assert asyncio.run(attack()) == ("not equivalent: a - b simplifies to -1", "equivalent")
+
+
+def test_6_check_equivalent_input_cannot_run_code_or_change_later_checks():
+    tools = _judge_tools()
+
+    async def attack():
+        try:
+            answers = []
+            for a in ("__import__('os').system('id')", "(lambda: 0)()", "x.func", "exec(chr(49))", "1\nimport os"):
+                answers.append(await tools.call("check_equivalent", {"a": a, "b": "1"}))
+            # no builtins where expressions are evaluated; a check that mutates sympy dies with its forked child
+            answers.append(await tools.call("check_equivalent", {"a": "Symbol(x)", "b": "x"}))
+            answers.append(await tools.call("check_equivalent", {"a": "1", "b": "2"}))
+            return answers
+        finally:
+            await tools.aclose()
+
+    answers = asyncio.run(attack())
+    assert all(answer.startswith("error: a is not a math expression") for answer in answers[:3] + answers[4:5])
+    assert answers[3] != "equivalent" and "49" in answers[3]  # no exec there: a product of symbols e*x*e*c*...
+    assert answers[-1] == "not equivalent: a - b simplifies to -1"
+
+
+# ------------------------------------------------------------------------------------------------ 7. hardening
+@needs_seccomp
+def test_7_privileges_cannot_be_regained():
+    code = """
+    import ctypes, os, subprocess
+    libc = ctypes.CDLL(None, use_errno=True)
+    status = open("/proc/self/status").read()
+    print("no_new_privs", "NoNewPrivs:\\t1" in status, "filtered", "Seccomp:\\t2" in status)
+    attempts = {
+        "unshare(user)": lambda: libc.unshare(0x10000000),
+        "unshare(net)": lambda: libc.unshare(0x40000000),
+        "clone(newuser)": lambda: libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0),
+        "mount": lambda: libc.mount(b"none", b"/tmp", b"tmpfs", 0, None),
+        "ptrace(TRACEME)": lambda: libc.ptrace(0, 0, 0, 0),
+        "keyctl": lambda: libc.syscall(250, 0, 0, 0, 0, 0),
+        "bpf": lambda: libc.syscall(321, 0, 0, 0),
+        "chroot": lambda: libc.chroot(b"/tmp"),
+    }
+    for name, attempt in attempts.items():
+        result = attempt()
+        print(name, "refused" if result == -1 and ctypes.get_errno() == 1 else f"ALLOWED {result}")
+    run = subprocess.run(["unshare", "--user", "--map-root-user", "id", "-u"], capture_output=True, text=True)
+    print("unshare tool", "refused" if run.returncode else "ALLOWED " + run.stdout)
+    """
+    with PythonREPL(max_processes=8) as repl:
+        out = run(repl, code).stdout
+    assert out.startswith("no_new_privs True filtered True\n"), out
+    assert "ALLOWED" not in out and out.count("refused") == 9, out
+
+
+@needs_seccomp
+def test_7_threads_and_subprocesses_still_work_under_the_filter():
+    code = """
+    import subprocess, threading
+    results = []
+    threads = [threading.Thread(target=results.append, args=(i,)) for i in range(3)]
+    [t.start() for t in threads]; [t.join() for t in threads]
+    print(sorted(results), subprocess.run(["echo", "hi"], capture_output=True, text=True).stdout.strip())
+    """
+    with PythonREPL(max_processes=8) as repl:
+        assert run(repl, code).stdout == "[0, 1, 2] hi\n"
+
+
+@needs_root
+def test_7_setuid_binaries_do_not_raise_privileges():
+    with PythonREPL(max_processes=8) as repl:
+        out = run(
+            repl,
+            """
+            import os, stat, subprocess
+            for path in ("/usr/bin/su", "/bin/su", "/usr/bin/passwd", "/usr/bin/newgrp"):
+                if os.path.exists(path) and os.stat(path).st_mode & stat.S_ISUID:
+                    print(path, open("/proc/self/status").read().count("NoNewPrivs:\\t1"))
+                    break
+            """,
+        ).stdout
+    assert out == "" or out.endswith(" 1\n")  # set: execve ignores the setuid bit
+    assert signal.SIGKILL  # (keeps the import used when no setuid binary is installed)
