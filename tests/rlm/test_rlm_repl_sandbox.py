@@ -178,21 +178,26 @@ def test_queries_from_threads_are_refused():
         assert "can only be called from the cell's own code" in repl.execute(code).stdout
 
 
+FIND_PROTOCOL_FD = (  # as an attacker would: the channel object is in the interpreter's own memory
+    "import gc\nPROTOCOL_FD = next(o for o in gc.get_objects() if type(o).__name__ == '_Channel').write_fd\n"
+)
+
+
 def test_model_code_cannot_break_the_parent_through_the_protocol():
     with PythonREPL(timeout_s=2) as repl:
         forged = repl.execute(
-            "import os, sys\nos.write(int(sys.argv[2]), b'\\x00\\x00\\x00\\x05hello')\nimport time; time.sleep(1)"
+            FIND_PROTOCOL_FD + "import os, sys\nos.write(PROTOCOL_FD, b'\\x00\\x00\\x00\\x05hello')\nimport time; time.sleep(1)"
         )
         assert forged.crashed and "broke the REPL protocol (malformed message" in forged.error
         huge = repl.execute(
-            "import os, sys\nos.write(int(sys.argv[2]), b'\\xff\\xff\\xff\\xff')\nimport time; time.sleep(1)"
+            FIND_PROTOCOL_FD + "import os, sys\nos.write(PROTOCOL_FD, b'\\xff\\xff\\xff\\xff')\nimport time; time.sleep(1)"
         )
         assert huge.crashed and "exceeds max_message_bytes" in huge.error
         # A frame nested deeper than the JSON parser's recursion limit: a protocol error, never a RecursionError
         # raised out of execute() into the trainer.
         nested = repl.execute(
-            "import os, sys\npayload = b'[' * 200000 + b']' * 200000\n"
-            "os.write(int(sys.argv[2]), len(payload).to_bytes(4, 'big') + payload)\nimport time; time.sleep(1)"
+            FIND_PROTOCOL_FD + "import os, sys\npayload = b'[' * 200000 + b']' * 200000\n"
+            "os.write(PROTOCOL_FD, len(payload).to_bytes(4, 'big') + payload)\nimport time; time.sleep(1)"
         )
         assert nested.crashed and "broke the REPL protocol (malformed message" in nested.error
         assert repl.execute("print('recovered')").stdout.endswith("recovered\n")

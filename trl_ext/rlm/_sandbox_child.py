@@ -433,7 +433,7 @@ def _supervise(config, protocol_fds):
     if server == 0:
         _signal.set_wakeup_fd(-1)
         _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
-        for fd in (lifeline, wake_read, wake_write):
+        for fd in (lifeline, wake_read, wake_write, config["status_fd"]):  # model code must not write a status
             os.close(fd)
         return
     for fd in protocol_fds:
@@ -484,7 +484,7 @@ def _supervise(config, protocol_fds):
                 os.close(lifeline)
                 lifeline = wake_read  # nothing more to read there
     if trainer_gone:  # end of file without the trainer's word: it died however it died; clean up after it
-        for path in config["cgroups"]:
+        for path in config["cgroups"].values():
             try:
                 os.rmdir(path)
             except OSError:
@@ -492,31 +492,25 @@ def _supervise(config, protocol_fds):
         import shutil
 
         shutil.rmtree(config["root_dir"], ignore_errors=True)
-    if status is not None and os.WIFSIGNALED(status):
-        signal_number = os.WTERMSIG(status)
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if signal_number != _signal.SIGKILL:
-            _signal.signal(signal_number, _signal.SIG_DFL)
-        os.kill(os.getpid(), signal_number)
-        os._exit(128 + signal_number)  # a signal whose default action is not to terminate
-    os._exit(os.WEXITSTATUS(status) if status is not None else 1)
+    # The server's wait status for the trainer, which is not this process's parent (the zygote is).
+    os.write(config["status_fd"], (status if status is not None else 1 << 8).to_bytes(4, "big"))
+    os._exit(0)
 
 
 def _kill_sandbox(config, server):
     """SIGKILL every process of the sandbox: its PID namespace, its control groups and its private uid."""
-    for path in config["cgroups"]:  # a frozen task dies only once thawed
-        if path.endswith("freezer") or "/freezer/" in path:
-            try:
-                _write_file(os.path.join(path, "freezer.state"), "THAWED")
-            except OSError:
-                pass
+    if "freezer" in config["cgroups"]:  # a frozen task dies only once thawed
+        try:
+            _write_file(os.path.join(config["cgroups"]["freezer"], "freezer.state"), "THAWED")
+        except OSError:
+            pass
     try:
         os.kill(server, _signal.SIGKILL)  # with a PID namespace this kills every process in it
     except ProcessLookupError:
         pass
     for _ in range(100):
         pids = set()
-        for path in config["cgroups"]:
+        for path in config["cgroups"].values():
             try:
                 with open(os.path.join(path, "cgroup.procs")) as handle:
                     pids.update(int(line) for line in handle if line.strip())
@@ -800,13 +794,74 @@ def _to_json(value):
     raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
 
 
+def _zygote(config):
+    """Serve the trainer's requests for new REPLs: fork one per request; returns only in a forked child.
+
+    Starting an interpreter costs tens of milliseconds of CPU; forking this one, which has the server loaded and
+    ctypes imported, costs about one. A request is the REPL's configuration (a pickle: the trainer is trusted)
+    with its descriptors attached (``SCM_RIGHTS``); the reply is the new supervisor's pid. The zygote runs no
+    model code and exits when its lifeline reaches end of file (the trainer closed it or died).
+    """
+    import array
+    import select
+    import socket
+
+    requests = socket.socket(fileno=config["socket_fd"])
+    lifeline = config["lifeline_fd"]
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)  # the kernel reaps the supervisors
+    _c()  # ctypes, imported once here rather than in every REPL
+    poller = select.poll()
+    poller.register(requests.fileno(), select.POLLIN)
+    poller.register(lifeline, select.POLLIN)
+    while True:
+        events = dict(poller.poll())
+        if lifeline in events:
+            os._exit(0)
+        fds = array.array("i")
+        message, ancillary, _, _ = requests.recvmsg(1 << 20, socket.CMSG_SPACE(8 * fds.itemsize))
+        if not message:
+            os._exit(0)
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+        request = _pickle.loads(message)
+        child = os.fork()
+        if child == 0:
+            _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+            requests.close()
+            os.close(lifeline)
+            return request, list(fds)
+        for fd in fds:
+            os.close(fd)
+        requests.sendall(child.to_bytes(4, "big"))
+
+
+def _become_repl(request, fds):
+    """In a child of the zygote: take the REPL's descriptors, session, environment and directory."""
+    read_fd, write_fd, lifeline, status, log = fds
+    os.setsid()
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    config = request["config"]
+    config.update(lifeline_fd=lifeline, status_fd=status)
+    for fd in (read_fd, write_fd, lifeline, status):
+        os.set_inheritable(fd, False)
+    return config, read_fd, write_fd
+
+
 def main():
     read_fd, write_fd = int(sys.argv[1]), int(sys.argv[2])
+    config = _Channel(read_fd, write_fd).recv()
+    if config.get("zygote"):
+        config, read_fd, write_fd = _become_repl(*_zygote(config))
     channel = _Channel(read_fd, write_fd)
-    config = channel.recv()
     if config["lifeline_fd"] is not None:
         _supervise(config, (read_fd, write_fd))  # returns in the server, a child of the supervisor
-    _join_cgroups(config["cgroups"])
+    _join_cgroups(config["cgroups"].values())
     if config["namespace"]:
         _enter_namespaces(config)
         opened = []  # the runtime is mounted where every uid can read it

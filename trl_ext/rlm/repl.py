@@ -247,7 +247,11 @@ class _Wire:
 
     def pending(self) -> bool:
         """Bytes are waiting: buffered, or readable on the pipe right now."""
-        return bool(self._buffer) or bool(select.select([self.read_fd], [], [], 0)[0])
+        if self._buffer:
+            return True
+        poller = select.poll()  # not select.select: descriptors past 1023 are common with hundreds of REPLs
+        poller.register(self.read_fd, select.POLLIN)
+        return bool(poller.poll(0))
 
     def _read_available(self) -> bool:
         try:

@@ -21,6 +21,7 @@ Nothing here is a substitute for a VM: a kernel exploit escapes all of it.
 from __future__ import annotations
 
 import abc
+import array
 import errno
 import fcntl
 import functools
@@ -33,6 +34,7 @@ import select
 import shutil
 import signal
 import site
+import socket
 import stat
 import subprocess
 import sys
@@ -832,16 +834,16 @@ class LocalProcess(SandboxProcess):
 
     def __init__(
         self,
-        popen: subprocess.Popen,
+        pid: int,
         read_fd: int,
         write_fd: int,
         lifeline: int,
+        status: int,
         cgroups: ControlGroups | None,
         uid: int | None,
     ) -> None:
-        self.popen, self.read_fd, self.write_fd = popen, read_fd, write_fd
-        self.pid = popen.pid
-        self._lifeline, self._cgroups, self._uid = lifeline, cgroups, uid
+        self.pid, self.read_fd, self.write_fd = pid, read_fd, write_fd
+        self._lifeline, self._status, self._cgroups, self._uid = lifeline, status, cgroups, uid
         self._oom = False
         self._frozen = False
 
@@ -871,15 +873,12 @@ class LocalProcess(SandboxProcess):
                 pass
             os.close(self._lifeline)
             self._lifeline = -1
-        try:
-            returncode = self.popen.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            logger.warning("The supervisor of sandboxed interpreter %d did not exit within 10 s", self.popen.pid)
-            self.popen.kill()
-            returncode = None
+        returncode = self._read_status(timeout_s=10)
+        if returncode is None:
+            logger.warning("The supervisor of sandboxed interpreter %d did not report within 10 s", self.pid)
             try:
-                self.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
+                os.kill(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
                 pass
         if self._cgroups is not None:  # no process can leave its control groups: they hold all of the sandbox
             self._oom = self._cgroups.out_of_memory()
@@ -889,10 +888,90 @@ class LocalProcess(SandboxProcess):
             kill_uid(self._uid)
         return returncode
 
+    def _read_status(self, timeout_s: float) -> int | None:
+        """The server's exit status as the supervisor reports it when it is done (None: no report in time)."""
+        if self._status < 0:
+            return None
+        data = b""
+        deadline = time.monotonic() + timeout_s
+        poller = select.poll()
+        poller.register(self._status, select.POLLIN)
+        try:
+            while len(data) < 4 and poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
+                chunk = os.read(self._status, 4 - len(data))
+                if not chunk:
+                    break
+                data += chunk
+        finally:
+            os.close(self._status)
+            self._status = -1
+        return os.waitstatus_to_exitcode(int.from_bytes(data, "big")) if len(data) == 4 else None
+
     @property
     def contained(self) -> bool:
         """Everything this interpreter started was in its control groups (now empty and removed)."""
         return self._cgroups is not None and not self._cgroups.paths
+
+
+class _Zygote:
+    """One pre-started interpreter per trainer process that forks the supervisors of new REPLs (see
+    `_sandbox_child._zygote`): a fork of a loaded interpreter instead of a new one per REPL."""
+
+    def __init__(self, server_code: bytes, boot: str) -> None:
+        self.owner = os.getpid()
+        self.lock = threading.Lock()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        boot_read, boot_write = os.pipe2(os.O_CLOEXEC)
+        life_read, self.lifeline = os.pipe2(os.O_CLOEXEC)  # only this process holds the write end
+        config = {"zygote": True, "socket_fd": theirs.fileno(), "lifeline_fd": life_read}
+        try:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-B", "-c", boot, str(boot_read), str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                env=sandbox_environment("/"),
+                cwd="/",
+                pass_fds=(boot_read, theirs.fileno(), life_read),
+                start_new_session=True,
+            )
+        finally:
+            theirs.close()
+            os.close(boot_read)
+            os.close(life_read)
+        _send_startup(boot_write, [server_code, pickle.dumps(config)], 30)
+        os.close(boot_write)
+        self.socket = ours
+
+    def spawn(self, request: Mapping[str, Any], fds: Sequence[int]) -> int:
+        """Fork a REPL from the zygote; returns its supervisor's pid."""
+        payload = pickle.dumps(dict(request), protocol=pickle.HIGHEST_PROTOCOL)
+        with self.lock:
+            self.socket.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+            reply = self.socket.recv(4)
+        if len(reply) != 4:
+            raise SandboxError(f"The REPL zygote (pid {self.popen.pid}) stopped answering ({self.popen.poll()}).")
+        return int.from_bytes(reply, "big")
+
+    def alive(self) -> bool:
+        return self.owner == os.getpid() and self.popen.poll() is None
+
+    def close(self) -> None:
+        os.close(self.lifeline)
+        self.socket.close()
+        self.popen.wait(timeout=10)
+
+
+_zygote_lock = threading.Lock()
+_zygote: _Zygote | None = None
+
+
+def _get_zygote(server_code: bytes, boot: str) -> _Zygote:
+    global _zygote
+    with _zygote_lock:
+        if _zygote is None or not _zygote.alive():  # none yet, it died, or this is a forked copy of the trainer
+            if _zygote is not None and _zygote.owner == os.getpid():
+                logger.warning("The REPL zygote exited (%s); starting a new one", _zygote.popen.poll())
+            _zygote = _Zygote(server_code, boot)
+        return _zygote
 
 
 class LocalBackend(SandboxBackend):
@@ -918,22 +997,19 @@ class LocalBackend(SandboxBackend):
     def start(self, spec: LaunchSpec) -> LocalProcess:
         host = host_support()
         limits, lease = spec.limits, spec.lease
-        cgroups = ControlGroups(host.cgroup_dirs, limits) if host.cgroups is None else None
-        cmd_read, cmd_write = os.pipe2(os.O_CLOEXEC)  # parent -> child
-        evt_read, evt_write = os.pipe2(os.O_CLOEXEC)  # child -> parent
-        life_read, life_write = os.pipe2(os.O_CLOEXEC)  # only this process holds the write end
         # RLIMIT_NPROC counts every task of the uid. A private uid has only the sandbox; a uid shared with the
         # trainer (non-root trainer, process backend) has all of the trainer's tasks too, which must stay allowed.
+        zygote = _get_zygote(spec.server_code, spec.boot)
         shared_uid = lease is None and not self.namespace
         tasks = 2 if not shared_uid else count_tasks_of_uid(os.getuid()) + 2
+        cgroups = ControlGroups(host.cgroup_dirs, limits) if host.cgroups is None else None
         config = {
             **spec.server_options,
-            "lifeline_fd": life_read,
             "trainer_pid": os.getpid(),
             "root_dir": spec.root_dir,
             "uid": lease.uid if lease is not None else None,
             "gid": lease.gid if lease is not None else None,
-            "cgroups": list(cgroups.paths.values()) if cgroups is not None else [],
+            "cgroups": dict(cgroups.paths) if cgroups is not None else {},
             "namespace": self.namespace,
             "user_namespace": self.namespace and not host.as_root,
             "network": limits.network,
@@ -954,30 +1030,28 @@ class LocalBackend(SandboxBackend):
                 "RLIMIT_CORE": 0,
             },
         }
-        command = [sys.executable, "-I", "-S", "-B", "-c", spec.boot, str(cmd_read), str(evt_write)]
+        cmd_read, cmd_write = os.pipe2(os.O_CLOEXEC)  # parent -> child
+        evt_read, evt_write = os.pipe2(os.O_CLOEXEC)  # child -> parent
+        life_read, life_write = os.pipe2(os.O_CLOEXEC)  # only this process holds the write end
+        status_read, status_write = os.pipe2(os.O_CLOEXEC)  # the supervisor's report when it is done
+        request = {
+            "config": config,
+            "env": dict(spec.env),
+            "cwd": spec.root_dir if self.namespace else spec.home,
+        }
         try:
-            popen = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=spec.log_fd,
-                stderr=spec.log_fd,
-                cwd=spec.root_dir if self.namespace else spec.home,
-                env=dict(spec.env),
-                pass_fds=(cmd_read, evt_write, life_read),
-                start_new_session=True,
-            )
+            pid = zygote.spawn(request, [cmd_read, evt_write, life_read, status_write, spec.log_fd])
         except BaseException:
-            for fd in (cmd_write, evt_read, life_write):
+            for fd in (cmd_write, evt_read, life_write, status_read):
                 os.close(fd)
             if cgroups is not None:
                 cgroups.remove()
             raise
         finally:  # the child has its own copies of its ends
-            for fd in (cmd_read, evt_write, life_read):
+            for fd in (cmd_read, evt_write, life_read, status_write):
                 os.close(fd)
-        process = LocalProcess(popen, evt_read, cmd_write, life_write, cgroups, config["uid"])
-        startup = [spec.server_code, pickle.dumps(config, protocol=pickle.HIGHEST_PROTOCOL), spec.init_payload]
-        _send_startup(cmd_write, startup, spec.limits.startup_timeout_s)
+        process = LocalProcess(pid, evt_read, cmd_write, life_write, status_read, cgroups, config["uid"])
+        _send_startup(cmd_write, [spec.init_payload], spec.limits.startup_timeout_s)
         return process
 
 
