@@ -19,6 +19,7 @@ from trl_ext.recipes import (
     read_trainer_name,
     resolve_reward_funcs,
 )
+from trl_ext.rlm import sandbox
 
 from .fake_hub import TOKEN, FakeHub
 
@@ -292,6 +293,8 @@ def test_train_command_runs_in_two_processes(tiny, tmp_path):
     assert trees == [f"train-step{step:06d}-rank{rank}.jsonl" for step in (0, 1) for rank in (0, 1)]
     info = json.loads((output / "trl_ext_run.json").read_text())
     assert info["steps"] == 2
+    host = sandbox.isolation_report(sandbox.SandboxLimits())  # what the REPLs of the run were isolated from
+    assert info["sandbox"]["repl/isolation"] == host["repl/isolation"] and info["sandbox"]["open"] == host["open"]
     assert (output / "adapter_model.safetensors").is_file()
     [commit] = hub.commits
     assert commit["repo_id"] == "org/toy-rlm" and "adapter_model.safetensors" in commit["files"]

@@ -186,11 +186,13 @@ FIND_PROTOCOL_FD = (  # as an attacker would: the channel object is in the inter
 def test_model_code_cannot_break_the_parent_through_the_protocol():
     with PythonREPL(timeout_s=2) as repl:
         forged = repl.execute(
-            FIND_PROTOCOL_FD + "import os, sys\nos.write(PROTOCOL_FD, b'\\x00\\x00\\x00\\x05hello')\nimport time; time.sleep(1)"
+            FIND_PROTOCOL_FD
+            + "import os, sys\nos.write(PROTOCOL_FD, b'\\x00\\x00\\x00\\x05hello')\nimport time; time.sleep(1)"
         )
         assert forged.crashed and "broke the REPL protocol (malformed message" in forged.error
         huge = repl.execute(
-            FIND_PROTOCOL_FD + "import os, sys\nos.write(PROTOCOL_FD, b'\\xff\\xff\\xff\\xff')\nimport time; time.sleep(1)"
+            FIND_PROTOCOL_FD
+            + "import os, sys\nos.write(PROTOCOL_FD, b'\\xff\\xff\\xff\\xff')\nimport time; time.sleep(1)"
         )
         assert huge.crashed and "exceeds max_message_bytes" in huge.error
         # A frame nested deeper than the JSON parser's recursion limit: a protocol error, never a RecursionError

@@ -381,13 +381,16 @@ def test_4_nothing_of_the_repl_runs_between_cells():
 FIND_PROTOCOL_FD = (
     "import gc\nPROTOCOL_FD = next(o for o in gc.get_objects() if type(o).__name__ == '_Channel').write_fd\n"
 )
-_FORGE = FIND_PROTOCOL_FD + """
+_FORGE = (
+    FIND_PROTOCOL_FD
+    + """
 import json, os, sys
 frame = json.dumps({{"kind": "result", "seq": {seq}, "stdout": "forged", "error": None, "final_answer": {answer}}})
 data = frame.encode()
 os.write(PROTOCOL_FD, len(data).to_bytes(4, "big") + data)
 print("real {cell}")
 """
+)
 
 
 def test_5_a_forged_frame_never_answers_a_later_cell():

@@ -3,7 +3,8 @@
 Modules, in the order data flows through them:
 
 - `repl`: `PythonREPL`, one sandboxed persistent interpreter per rollout (security boundary; `sandbox` holds
-  the operating-system side: private uid, rlimits, environment, namespaces).
+  the operating-system side: `SandboxLimits`, the backends, namespaces, control groups, private uids; the
+  threat model is docs/security.md).
 - `prompts`, `scaffold`: the templates and the pure functions of one turn (`RLMScaffoldConfig`, parsing of
   ```` ```repl ```` blocks and ``FINAL``/``FINAL_VAR`` lines, prompt rebuilding, output truncation).
 - `generators`: the `Generator` protocol (prompt ids in, completion ids + sampling log-probs out) and its

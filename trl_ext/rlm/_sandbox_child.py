@@ -1,24 +1,26 @@
-"""The server half of the sandboxed REPL: this code runs *inside* the sandbox subprocess.
+"""The sandbox side of the REPL: the zygote, each REPL's supervisor and its server (this code runs outside the
+trainer's process).
 
-The parent (`trl_ext.rlm.repl.PythonREPL`) never imports this module. It compiles its source once, starts
-``python -I -S -B -c <boot stub> <read fd> <write fd>`` and sends the compiled code (marshal) as the first
-message, which the stub executes. So everything here is standard library only and must not import `trl_ext`
-(the sandbox cannot see the project's source tree). It starts once per rollout: it imports only C modules
-(``_pickle``, ``_json``, ``_ast``...), which keeps the interpreter's start near its floor.
+The parent (`trl_ext.rlm.sandbox`) never imports this module. It compiles its source once, starts one zygote per
+trainer process with ``python -I -S -B -c <boot stub> <read fd> <socket fd>`` and sends it the compiled code
+(marshal), which the stub executes. So everything here is standard library only (plus ctypes for the system
+calls Python 3.10 lacks) and must not import `trl_ext` (the sandbox cannot see the project's source tree).
 
-Startup, in order:
-0. read the configuration (the first message on the pipe);
-1. open an ``O_PATH`` descriptor on every import directory of the interpreter (stdlib, lib-dynload,
-   site-packages) while still privileged;
-2. apply the resource limits (address space, CPU time, processes, file size, open files);
-3. when the parent runs as root, drop to the REPL's private unprivileged uid/gid and kill anything left over
-   under that uid from an earlier session (``kill(-1)`` as that uid reaches only that uid's processes);
-4. point the import system at ``/proc/self/fd/<n>`` for directories the new uid cannot traverse (e.g. a
-   Python installed under ``/root``), so ``import re`` keeps working without exposing anything else;
-5. receive the init payload (``context``, helper source, helper objects), run the helpers, report ready;
-6. serve cells until told to close or until the parent's end of the pipe closes.
+Life of one REPL (docs/security.md explains why each step is there):
+0. the zygote receives the REPL's configuration and pipes over its socket and forks; the child takes the REPL's
+   session, environment, log and directory (`_zygote`, `_become_repl`);
+1. it becomes the supervisor: subreaper, lifeline to the trainer, new PID namespace (namespace backend); it forks
+   the server (PID 1 there) and stays behind to reap, kill and report (`_supervise`);
+2. the server joins its control groups, enters mount, IPC, UTS (and network) namespaces and pivots into a root
+   file system that shows only the runtime (`_enter_namespaces`); the process backend instead opens an
+   ``O_PATH`` descriptor on every import directory while still privileged;
+3. it applies its rlimits and ``no_new_privs``, drops to its private uid (or clears its capabilities in a user
+   namespace), installs the seccomp filter, kills anything left over under its uid, and points the import
+   system at ``/proc/self/fd/<n>`` for directories the uid cannot traverse (process backend);
+4. it receives the init payload (``context``, helper source, helper objects), runs the helpers, reports ready;
+5. it serves cells until told to close or until the parent's end of the pipe closes.
 
-Wire protocol (both directions, after the code): a 4-byte big-endian length, then the payload. Parent -> child payloads are
+Wire protocol (both directions): a 4-byte big-endian length, then the payload. Parent -> child payloads are
 pickles (the parent is trusted); child -> parent payloads are UTF-8 JSON objects, so the parent never
 unpickles anything produced by model-written code.
 """

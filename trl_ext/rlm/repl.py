@@ -34,20 +34,25 @@ Wire protocol (parent side here, child side in ``_sandbox_child.py``): framed me
 big-endian length then the payload; pickles from parent to child, JSON objects from child to parent (the
 parent never unpickles anything the sandbox produced):
 
-    parent -> child   the server's code (marshal), its configuration, then     once, at start
-                      {"kind": "init", "context", "helpers", "objects"}
+    zygote            the server's code, then each REPL's configuration     (see `trl_ext.rlm.sandbox`)
+    parent -> child   {"kind": "init", "context", "helpers", "objects"}      once, at start
     child -> parent   {"kind": "ready"} | {"kind": "ready", "error": traceback}
-    parent -> child   {"kind": "exec", "code": str}
-    child -> parent   {"kind": "query", "function", "prompts", "contexts"}    zero or more times, each answered by
-    parent -> child   {"kind": "answer", "answers": [str]} | {"kind": "answer", "error": str}
-    child -> parent   {"kind": "result", "stdout", "error", "final_answer"}
+    parent -> child   {"kind": "exec", "seq": n, "code": str}
+    child -> parent   {"kind": "query", "seq": n, "function", "prompts", "contexts"}  zero or more times, each
+    parent -> child   {"kind": "answer", "answers": [str]} | {"kind": "answer", "error": str}   answered by this
+    child -> parent   {"kind": "result", "seq": n, "stdout", "error", "final_answer"}
 
-Sandbox (details in `trl_ext.rlm.sandbox` and docs/rlm_scaffold.md): allow-listed environment, fresh temporary
-working directory removed on `close`, rlimits on address space, CPU time, processes, file size and open
-files, a private unprivileged uid when the trainer is root, a wall-clock limit per cell (time spent waiting
-for query answers does not count), optional network/PID/mount namespaces. A cell that times out, or an
-interpreter that dies, is killed with its whole process group (and every process of its private uid); the
-next cell runs in a fresh interpreter and its output starts with `REPL_RESTART_NOTICE`.
+Every frame from the child carries the sequence number of the cell it belongs to; a frame of another cell, or
+bytes after a cell's result, is a protocol violation.
+
+Sandbox (`trl_ext.rlm.sandbox`; threat model and guarantees in docs/security.md): every limit and isolation
+setting is one `SandboxLimits`. By default the interpreter gets its own root file system (the runtime
+read-only, private home, /tmp, /dev/shm and /proc), no network, its own PID namespace, a private unprivileged
+uid (root trainers), control groups limiting memory, processes and CPU for the whole REPL and freezing it
+between cells, rlimits, no_new_privs and a syscall filter; where the host cannot give namespaces it falls back
+to the process backend with a warning (``isolation="strict"`` refuses instead). A cell that times out, or an
+interpreter that dies, is killed with everything it started; the next cell runs in a fresh interpreter and its
+output starts with `REPL_RESTART_NOTICE`.
 """
 
 from __future__ import annotations

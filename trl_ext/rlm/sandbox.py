@@ -844,6 +844,10 @@ class LocalProcess(SandboxProcess):
     ) -> None:
         self.pid, self.read_fd, self.write_fd = pid, read_fd, write_fd
         self._lifeline, self._status, self._cgroups, self._uid = lifeline, status, cgroups, uid
+        try:  # to wait for the supervisor's exit, although it is the zygote's child, not ours
+            self._pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self._pidfd = -1
         self._oom = False
         self._frozen = False
 
@@ -880,6 +884,10 @@ class LocalProcess(SandboxProcess):
                 os.kill(self.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        if self._pidfd >= 0:  # it exits right after its report
+            _poll_one(self._pidfd, 5)
+            os.close(self._pidfd)
+            self._pidfd = -1
         if self._cgroups is not None:  # no process can leave its control groups: they hold all of the sandbox
             self._oom = self._cgroups.out_of_memory()
             self._cgroups.kill()
@@ -911,6 +919,12 @@ class LocalProcess(SandboxProcess):
     def contained(self) -> bool:
         """Everything this interpreter started was in its control groups (now empty and removed)."""
         return self._cgroups is not None and not self._cgroups.paths
+
+
+def _poll_one(fd: int, timeout_s: float) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(timeout_s * 1000))
 
 
 class _Zygote:
