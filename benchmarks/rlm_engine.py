@@ -223,8 +223,8 @@ def render(
         f"| wall / (calls x latency) | {batching['wall_ratio']:.2f} | <= 1.2: {ok(batching['wall_ratio'] <= 1.2)} |",
         f"| roots answered / node errors | {batching['answered']} / {batching['node_errors']} | all / 0 |",
         "",
-        "Where the time above calls x latency goes: starting one sandboxed interpreter per node (about 10 ms of CPU "
-        "each, 256 here, mostly overlapped with the generator's sleep) and the event loop's prompt rendering and "
+        "Where the time above calls x latency goes: starting one sandboxed interpreter per node (about 10 ms "
+        "each, forked from the REPL zygote, 256 here, mostly overlapped with the generator's sleep) and the event loop's prompt rendering and "
         "tokenisation between waves. With a real engine, whose calls take seconds, this share shrinks.",
         "",
         "(b) The sandbox, per backend (`SandboxLimits(isolation=...)`; docs/security.md): round trip of "
