@@ -226,6 +226,14 @@ def test_3_orphaned_zombies_do_not_starve_the_next_repl_on_the_uid(isolation):
         assert run(repl, threads).stdout == "ok\n"
 
 
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            return "\nState:\tZ" not in handle.read()
+    except FileNotFoundError:
+        return False
+
+
 def _zombies_of_uid(uid: int) -> list[int]:
     found = []
     for name in os.listdir("/proc"):
@@ -245,7 +253,9 @@ from trl_ext.rlm import PythonREPL
 repls = [PythonREPL(isolation=sys.argv[1], max_processes=8) for _ in range(2)]
 for repl in repls:
     repl.execute("import subprocess\\nsubprocess.Popen(['sleep', '300'], start_new_session=True)")
+from trl_ext.rlm import sandbox
 print(json.dumps([[repl.uid, repl._resources.root_dir, repl.pid] for repl in repls]), flush=True)
+print(sandbox._zygote.popen.pid if sandbox._zygote is not None else -1, flush=True)
 repls[0].execute("import time\\ntime.sleep(300)")  # killed with SIGKILL in the middle of this cell
 """
 
@@ -258,6 +268,7 @@ def test_3_a_trainer_killed_with_sigkill_leaves_nothing_behind(isolation):
     )
     try:
         repls = json.loads(trainer.stdout.readline())
+        zygote = int(trainer.stdout.readline())
         time.sleep(0.3)  # the first REPL is inside its sleeping cell
         for uid, _root, _pid in repls:
             assert processes_of_uid(uid)  # the REPL and its escaped sleeper run
@@ -267,10 +278,12 @@ def test_3_a_trainer_killed_with_sigkill_leaves_nothing_behind(isolation):
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         left = [(uid, processes_of_uid(uid), os.path.exists(root)) for uid, root, _ in repls]
-        if all(not pids and not exists for _, pids, exists in left):
+        supervisors = [pid for _, _, pid in repls if _running(pid)]
+        if all(not pids and not exists for _, pids, exists in left) and not supervisors and not _running(zygote):
             break
         time.sleep(0.05)
     assert all(not pids and not exists for _, pids, exists in left), left
+    assert not supervisors and not _running(zygote)  # the REPLs' supervisors and the zygote are gone too
     if HOST.cgroups is None:
         for base in HOST.cgroup_dirs.values():
             assert not [name for name in os.listdir(base) if name.startswith(f"trl_ext_{trainer.pid}_")]
