@@ -1,4 +1,4 @@
-"""Shared pieces of the trainer tests: a toy prompt dataset, a reward with spread, CPU-safe configs."""
+"""Shared pieces of the tests: a toy prompt dataset, a reward with spread, CPU-safe configs, process checks."""
 
 from __future__ import annotations
 
@@ -36,3 +36,12 @@ def cpu_config_kwargs(output_dir: str, **overrides: Any) -> dict[str, Any]:
     )
     kwargs.update(overrides)
     return kwargs
+
+
+def process_alive(pid: int) -> bool:
+    """True if `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            return "\nState:\tZ" not in handle.read()
+    except FileNotFoundError:
+        return False

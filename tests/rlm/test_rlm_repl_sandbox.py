@@ -16,17 +16,10 @@ from trl_ext.rlm import sandbox as sandbox_module
 from trl_ext.rlm.repl import REPL_RESTART_NOTICE
 from trl_ext.rlm.sandbox import ENV_ALLOWLIST, processes_of_uid
 
+from ..utils import process_alive
+
 AS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not AS_ROOT, reason="a private sandbox uid needs a root trainer")
-
-
-def _alive(pid: int) -> bool:
-    """True if `pid` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            return "\nState:\tZ" not in handle.read()
-    except FileNotFoundError:
-        return False
 
 
 @pytest.fixture
@@ -320,7 +313,7 @@ def test_infinite_loop_times_out_and_the_next_cell_says_the_repl_restarted():
         assert result.timed_out and not result.crashed and result.final_answer is None
         assert result.error.startswith("TimeoutError: the cell did not finish within 0.5 s")
         assert "variables are lost" in result.error
-        assert not _alive(first_pid)
+        assert not process_alive(first_pid)
         after = repl.execute("print(context)\nx")
         notice = REPL_RESTART_NOTICE.format(reason="the previous cell exceeded the 0.5 s time limit")
         assert after.restarted and after.stdout == notice + "ctx\n"
@@ -400,11 +393,11 @@ def test_close_leaves_no_process_behind():
     # SIGKILLed processes take a moment to exit on a loaded machine: poll (a 50 ms sleep was flaky) for at most 2 s
     watched = pids if AS_ROOT else pids[:2]
     deadline = time.monotonic() + 2.0
-    while any(_alive(pid) for pid in watched) and time.monotonic() < deadline:
+    while any(process_alive(pid) for pid in watched) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not _alive(pids[0]) and not _alive(pids[1])
+    assert not process_alive(pids[0]) and not process_alive(pids[1])
     if AS_ROOT:
-        assert not _alive(pids[2])
+        assert not process_alive(pids[2])
 
 
 def test_garbage_collected_repl_is_cleaned_up():
@@ -416,7 +409,7 @@ def test_garbage_collected_repl_is_cleaned_up():
 
     gc.collect()
     time.sleep(0.05)
-    assert not _alive(pid) and not os.path.exists(root)
+    assert not process_alive(pid) and not os.path.exists(root)
 
 
 def _localhost_server() -> tuple[socket.socket, int]:

@@ -27,6 +27,8 @@ from trl_ext.rlm import PythonREPL, SandboxLimits
 from trl_ext.rlm import sandbox as sandbox_module
 from trl_ext.rlm.sandbox import processes_of_uid
 
+from ..utils import process_alive
+
 HOST = sandbox_module.host_support()
 AS_ROOT = os.geteuid() == 0
 needs_namespaces = pytest.mark.skipif(HOST.namespaces is not None, reason=f"no namespaces here: {HOST.namespaces}")
@@ -226,14 +228,6 @@ def test_3_orphaned_zombies_do_not_starve_the_next_repl_on_the_uid(isolation):
         assert run(repl, threads).stdout == "ok\n"
 
 
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            return "\nState:\tZ" not in handle.read()
-    except FileNotFoundError:
-        return False
-
-
 def _zombies_of_uid(uid: int) -> list[int]:
     found = []
     for name in os.listdir("/proc"):
@@ -278,12 +272,12 @@ def test_3_a_trainer_killed_with_sigkill_leaves_nothing_behind(isolation):
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         left = [(uid, processes_of_uid(uid), os.path.exists(root)) for uid, root, _ in repls]
-        supervisors = [pid for _, _, pid in repls if _running(pid)]
-        if all(not pids and not exists for _, pids, exists in left) and not supervisors and not _running(zygote):
+        supervisors = [pid for _, _, pid in repls if process_alive(pid)]
+        if all(not pids and not exists for _, pids, exists in left) and not supervisors and not process_alive(zygote):
             break
         time.sleep(0.05)
     assert all(not pids and not exists for _, pids, exists in left), left
-    assert not supervisors and not _running(zygote)  # the REPLs' supervisors and the zygote are gone too
+    assert not supervisors and not process_alive(zygote)  # the REPLs' supervisors and the zygote are gone too
     if HOST.cgroups is None:
         for base in HOST.cgroup_dirs.values():
             assert not [name for name in os.listdir(base) if name.startswith(f"trl_ext_{trainer.pid}_")]
@@ -323,8 +317,8 @@ def test_4_memory_is_limited_for_the_whole_repl_not_per_process():
         result = run(repl, _CHILDREN_HOLD_MEMORY)
         peak = repl.memory_peak_bytes()
         assert "held 4" not in result.stdout, result  # 4 x 200 MB cannot all be resident under 512 MB
-        assert result.crashed or "held" in result.stdout
-        assert peak is None or peak <= 512 * 2**20 or result.crashed
+        assert result.crashed or result.timed_out or "held" in result.stdout, result
+        assert peak is None or peak <= 512 * 2**20, (peak, result)
 
 
 @needs_namespaces
