@@ -41,6 +41,7 @@ def lora_config():
         ({"loss_type": "ppo"}, "Set loss_type to one of"),
         ({"loss_type": "ipo", "importance_sampling_level": "sequence"}, "importance_sampling_level='token'"),
         ({"loss_type": "ipo", "entropy_coef": 0.01}, "entropy_coef=0.0"),
+        ({"vllm_dtype": "fp8"}, r"vllm_dtype='fp8': use one of \['auto', 'float32', 'bfloat16', 'float16'\]"),
     ],
 )
 def test_config_rejects_bad_values_with_the_fix(tmp_path, overrides, message):

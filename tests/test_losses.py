@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trl_ext.losses import ipo_keep_mask, ipo_loss
+from trl_ext.losses import ipo_keep_mask, ipo_loss, sampling_mismatch
 
 # Two rollouts, three completion tokens; the last token of row 1 is padding.
 P = torch.tensor([[0.5, 0.9, 0.1], [0.2, 0.05, 0.6]], dtype=torch.float64)
@@ -139,3 +139,22 @@ def test_ipo_loss_normalizer_and_validation():
         ipo_loss(logps, old, ADV, MASK, kl_tau=-1.0)
     with pytest.raises(ValueError, match="must all be"):
         ipo_loss(logps, old, ADV, MASK[:, :2])
+
+
+def test_sampling_mismatch_counts_only_the_trained_tokens():
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -1.0, 0.0]])
+    sampling = torch.tensor([[-1.5, -2.0, float("nan")], [-0.2, -1.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    ratio = torch.tensor([[0.6, 1.0, 1.0], [0.4, 1.0, 1.0]])
+    stats = sampling_mismatch(old, sampling, mask, ratio)
+    # |diff| over masked, non-NaN tokens: 0.5, 0.0, 0.8 (the NaN and the two masked tokens are left out)
+    assert stats["logp_diff_mean"].item() == pytest.approx(1.3 / 3)
+    assert stats["logp_diff_max"].item() == pytest.approx(0.8)
+    # ratios over the 4 masked tokens: 0.6, 1.0, 1.0, 0.4
+    assert [stats[k].item() for k in ("is_ratio_min", "is_ratio_mean", "is_ratio_max")] == pytest.approx(
+        [0.4, 0.75, 1.0]
+    )
+    per_row = sampling_mismatch(old, sampling, mask, torch.tensor([[0.5], [2.0]]))  # sequence modes: one per row
+    assert per_row["is_ratio_mean"].item() == pytest.approx(1.25)
+    empty = sampling_mismatch(old, sampling, torch.zeros_like(mask), ratio)
+    assert all(value.item() == 0.0 for key, value in empty.items() if key.startswith("logp"))

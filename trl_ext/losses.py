@@ -167,3 +167,37 @@ def importance_sampling_ratio(
     if mode.endswith("truncate"):
         return ratio.clamp(min=low, max=high)
     return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+
+
+def sampling_mismatch(old_logps: Tensor, sampling_logps: Tensor, mask: Tensor, is_ratio: Tensor) -> dict[str, Tensor]:
+    """How far the sampler's log-probs are from the trained policy's, over the tokens that are trained.
+
+    The statistics TRL logs as ``sampling/sampling_logp_difference/{mean,max}`` and
+    ``sampling/importance_sampling_ratio/{min,mean,max}``, for rows a trainer built itself.
+
+    Args:
+        old_logps, sampling_logps: ``(B, T)`` log-probs of the policy before the update and of the sampler.
+        mask: ``(B, T)`` tokens that count (completion mask times tool mask).
+        is_ratio: `importance_sampling_ratio`'s output, ``(B, T)`` (token modes) or ``(B, 1)`` (sequence modes).
+
+    Returns:
+        0-dim tensors ``logp_diff_mean``, ``logp_diff_max`` (|old - sampling| over masked tokens, NaN sampling
+        log-probs left out) and ``is_ratio_min``, ``is_ratio_mean``, ``is_ratio_max`` (over masked tokens, or over
+        rows for sequence modes); 0 where nothing is counted.
+    """
+    keep = mask.bool()
+    delta = (old_logps - sampling_logps).abs()
+    delta = delta[keep & ~torch.isnan(delta)]
+    ratios = is_ratio.flatten() if is_ratio.size(-1) == 1 else is_ratio[keep]
+    zero = old_logps.new_zeros(())
+
+    def stat(values: Tensor, reduce) -> Tensor:
+        return reduce(values) if values.numel() else zero
+
+    return {
+        "logp_diff_mean": stat(delta, torch.mean),
+        "logp_diff_max": stat(delta, torch.max),
+        "is_ratio_min": stat(ratios, torch.min),
+        "is_ratio_mean": stat(ratios, torch.mean),
+        "is_ratio_max": stat(ratios, torch.max),
+    }

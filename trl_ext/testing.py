@@ -6,7 +6,9 @@ corpus, and the models are randomly initialised Qwen2 architectures seeded by ``
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -97,11 +99,30 @@ def _tiny_qwen2_config(vocab_size: int, overrides: dict[str, Any]):
     return Qwen2Config(**params)
 
 
-def build_tiny_model_and_tokenizer(seed: int = 0, **config_overrides: Any):
+# Head sizes vLLM's CPU attention backend accepts (vllm/v1/attention/backends/cpu_attn.py, vLLM 0.32).
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def check_vllm_compatible(config: Any) -> None:
+    """Raise a `ValueError` saying why vLLM (CPU build) would refuse a model with this config, if it would."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head_dim not in VLLM_CPU_HEAD_SIZES:
+        raise ValueError(
+            f"vLLM's CPU attention supports head sizes {list(VLLM_CPU_HEAD_SIZES)}; this model has head_dim={head_dim} "
+            f"(hidden_size={config.hidden_size} / num_attention_heads={config.num_attention_heads}). Build it with "
+            "build_tiny_model_and_tokenizer(vllm=True) (one head of 32), or choose hidden_size and "
+            "num_attention_heads so that their quotient is one of those sizes."
+        )
+
+
+def build_tiny_model_and_tokenizer(seed: int = 0, *, vllm: bool = False, **config_overrides: Any):
     """Build a tiny causal LM (Qwen2 architecture, ~30k parameters) and its tokenizer, fully offline.
 
     Args:
         seed: seeds the weight initialisation; the same seed gives bit-identical weights.
+        vllm: build one vLLM's CPU build accepts: one attention head and one key-value head, so head_dim is 32
+            (the default 4 heads of 8 are below vLLM's smallest head size). Raises a `ValueError` naming the
+            problem when the overrides make it incompatible. vLLM loads models from disk: see `save_tiny_model`.
         **config_overrides: fields of `transformers.Qwen2Config`, e.g. ``initializer_range=0.5`` for a peaked
             (far from uniform) policy, which tests of clipping and masking need.
 
@@ -112,12 +133,29 @@ def build_tiny_model_and_tokenizer(seed: int = 0, **config_overrides: Any):
     from transformers import GenerationConfig, Qwen2ForCausalLM
 
     tokenizer = build_tiny_tokenizer()
+    if vllm:
+        config_overrides = {"num_attention_heads": 1, "num_key_value_heads": 1, **config_overrides}
     config = _tiny_qwen2_config(len(tokenizer), config_overrides)
+    if vllm:
+        check_vllm_compatible(config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID)
     return model, tokenizer
+
+
+def save_tiny_model(model: Any, tokenizer: Any, directory: str | os.PathLike[str]) -> Path:
+    """Write a tiny model and its tokenizer where `from_pretrained` and vLLM (``LLM(model=directory)``) load them.
+
+    Returns the directory. The weights are saved as float32 safetensors; vLLM picks its own dtype unless told
+    (docs/installation.md: vLLM on the CPU).
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
 
 
 def build_tiny_reward_model(seed: int = 0, **config_overrides: Any):

@@ -424,7 +424,8 @@ _MISMATCH_CAUSES = (
     "a systematic log-prob mismatch between the generator and the trainer: chat-template mismatch (the trainer "
     "re-tokenises a prompt the generator did not see, e.g. a different template or a missing generation prompt), "
     "LoRA adapter not synced to vLLM (the generator samples from the base model or a stale adapter), or a "
-    "bf16/fp32 precision mismatch between generator and trainer"
+    "bf16/fp32 precision mismatch between generator and trainer (colocated vLLM runs a float32 checkpoint in "
+    "bfloat16 unless vllm_dtype says otherwise)"
 )
 
 
@@ -691,7 +692,8 @@ class ClipRateMonitor(MonitorCallback):
                     f"generation batch; or {_MISMATCH_CAUSES}. What to do: lower the learning rate or "
                     "num_iterations/steps_per_generation; with vLLM compare sampling/sampling_logp_difference/mean, "
                     "check the adapter is pushed to vLLM after every optimizer step, and that trainer and generator "
-                    "use the same chat template and dtype.",
+                    "use the same chat template and dtype (vllm_dtype for colocated vLLM, --dtype for "
+                    "trl vllm-serve).",
                 )
             )
 

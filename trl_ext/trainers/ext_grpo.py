@@ -14,14 +14,17 @@ Everything TRL does (generation with transformers or vLLM, LoRA, Accelerate, rew
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import nanmax, nanmin
 
-from ..losses import ipo_loss
+from ..losses import ipo_loss, sampling_mismatch
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +32,28 @@ TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "
 LOSS_TYPES = (*TRL_LOSS_TYPES, "ipo")
 # Loss types that average over rows: padding rows would dilute them, so their loss is rescaled by rows/real rows.
 ROW_MEAN_LOSS_TYPES = ("grpo", "sapo", "luspo", "dr_grpo")
+
+
+VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@contextlib.contextmanager
+def _vllm_dtype(dtype: str):
+    """While TRL builds its colocated engine, give ``vllm.LLM`` our dtype (TRL 1.16 has no setting for it)."""
+    if dtype == "auto":
+        yield
+        return
+    from trl.generation import vllm_generation
+
+    original = getattr(vllm_generation, "LLM", None)
+    if original is None:  # vLLM is not installed: TRL will say so if it is needed
+        yield
+        return
+    vllm_generation.LLM = functools.partial(original, dtype=dtype)
+    try:
+        yield
+    finally:
+        vllm_generation.LLM = original
 
 
 @dataclass
@@ -49,6 +74,15 @@ class ExtGRPOConfig(GRPOConfig):
             C, the cap on the importance ratio `p / p_old` (value ≤ C, gradient bounded by C). Must be > 1.
         ipo_kl_tau (`float`, *optional*, defaults to `0.0`):
             τ, weight of the `(log p/p_old)²` penalty added to every loss token.
+
+        > vLLM
+
+        vllm_dtype (`str`, *optional*, defaults to `"auto"`):
+            The dtype of the colocated vLLM engine (`vllm_mode="colocate"`). `"auto"` is vLLM's choice, which runs a
+            float32 checkpoint in bfloat16: its sampling log-probs then differ from the trained policy's by the
+            rounding (IPO masks, clipping and importance ratios see it). `"float32"` matches a float32 policy
+            exactly (what the CPU tests use); `"bfloat16"`/`"float16"` pin the engine's precision. In server mode,
+            pass `--dtype` to `trl vllm-serve`.
     """
 
     ipo_threshold: float = field(
@@ -65,6 +99,13 @@ class ExtGRPOConfig(GRPOConfig):
     ipo_kl_tau: float = field(
         default=0.0,
         metadata={"help": "IPO loss: τ, weight of the (log p/p_old)² penalty on every loss token. >= 0."},
+    )
+    vllm_dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "dtype of the colocated vLLM engine: 'auto' (vLLM's choice: bfloat16 for a float32 checkpoint), "
+            "'float32', 'bfloat16' or 'float16'."
+        },
     )
 
     def __post_init__(self):
@@ -83,6 +124,8 @@ class ExtGRPOConfig(GRPOConfig):
             )
         if self.ipo_kl_tau < 0:
             raise ValueError(f"ipo_kl_tau={self.ipo_kl_tau} must be >= 0 (0 disables the penalty).")
+        if self.vllm_dtype not in VLLM_DTYPES:
+            raise ValueError(f"vllm_dtype={self.vllm_dtype!r}: use one of {list(VLLM_DTYPES)}.")
         if self.loss_type == "ipo":
             if self.importance_sampling_level != "token":
                 raise ValueError(
@@ -112,7 +155,8 @@ class ExtGRPOTrainer(GRPOTrainer):
             raise TypeError("loss_type='ipo' needs the IPO settings: pass args=trl_ext.ExtGRPOConfig(...).")
         if args.loss_type not in LOSS_TYPES:
             raise ValueError(f"Unknown loss_type={args.loss_type!r}. Set loss_type to one of {list(LOSS_TYPES)}.")
-        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        with _vllm_dtype(getattr(args, "vllm_dtype", "auto")):
+            super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         # Monitors passed as callbacks= would run after the trackers; move them ahead so alerts reach wandb & co.
         from ..callbacks.monitors import MonitorCallback, add_monitors
 
@@ -155,8 +199,41 @@ class ExtGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         batch = super()._generate_and_score_completions(inputs)
         batch["rewards"] = self._local_rewards(len(inputs))
+        rows = batch["completion_ids"]
         batch = self.process_scored_batch(batch, inputs)
+        if batch["completion_ids"] is not rows:
+            self._relog_sampling_metrics(batch)
         return self._pad_rows(batch)
+
+    def _relog_sampling_metrics(self, batch: dict[str, Any]) -> None:
+        """TRL logged the sampler-vs-policy metrics of the rows it built; the hook replaced them: log the new ones.
+
+        Every rank calls this (the gathers below are collective): the hook replaces rows on all ranks or none.
+        """
+        sampling, old = batch.get("sampling_per_token_logps"), batch.get("old_per_token_logps")
+        is_ratio = batch.get("importance_sampling_ratio")
+        if not (self.use_vllm and self.vllm_importance_sampling_correction) or sampling is None or old is None:
+            return
+        mask = batch["completion_mask"]
+        if batch.get("tool_mask") is not None:
+            mask = mask * batch["tool_mask"]
+        if is_ratio is None:
+            is_ratio = torch.ones_like(old)
+        stats = sampling_mismatch(old, sampling, mask, is_ratio)
+        gather = self.accelerator.gather
+        values = {
+            "sampling/sampling_logp_difference/mean": gather(stats["logp_diff_mean"]).mean(),
+            "sampling/sampling_logp_difference/max": gather(stats["logp_diff_max"]).max(),
+            "sampling/importance_sampling_ratio/min": nanmin(gather(stats["is_ratio_min"])),
+            "sampling/importance_sampling_ratio/mean": gather(stats["is_ratio_mean"]).nanmean(),
+            "sampling/importance_sampling_ratio/max": nanmax(gather(stats["is_ratio_max"])),
+        }
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        for name, value in values.items():
+            if metrics.get(name):
+                metrics[name][-1] = value.item()  # replaces the value TRL appended for the old rows
+            else:
+                metrics[name].append(value.item())
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # Keep TRL's gathered (all ranks) per-function rewards so the hook can see this rank's rewards.
