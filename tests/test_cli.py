@@ -200,6 +200,7 @@ def test_readme_set_up_commands_are_what_ci_runs():
     assert len(commands) == 2
     quickstart, tests = commands
     assert quickstart.endswith("trl-ext quickstart") and '".[plot]"' in quickstart
-    assert tests.endswith("python -m pytest -q")
+    assert "python -m pytest -q &&" in tests  # the main suite, then the vLLM group in its own environment
+    assert tests.endswith("bash scripts/setup_vllm_cpu.sh && .venv-vllm/bin/python -m pytest -q -m vllm")
     ci = (root / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert tests in ci

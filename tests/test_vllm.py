@@ -59,6 +59,11 @@ def test_trainer_trains_through_colocated_vllm(trainer, tmp_path):
     differences = [entry["sampling/sampling_logp_difference/mean"] for entry in report["metrics"]]
     assert len(differences) == 3 and all(0.0 < value < 0.2 for value in differences), differences
     assert len(report["sampling_vs_old"]) == 3
+    if trainer in ("ext_grpo", "stepwise_rlm"):  # the IPO loss: p_old is vLLM's sampling log-probs
+        # One update per generation: had p_old been the trainer's own (float32) log-probs, every ratio would be
+        # exactly 1; the sampler's bfloat16 log-probs make them differ.
+        ratios = [entry["ipo/ratio_mean"] for entry in report["metrics"]]
+        assert any(abs(ratio - 1.0) > 1e-4 for ratio in ratios), ratios
     sync = report["sync"]
     assert sync["vs_trained"] < 0.25, sync  # the weights (the merged LoRA adapter, or all of them) reached vLLM
     if trainer != "stepwise_rlm":  # the tiny random policy gives no RLM answer, so no reward spread to learn from

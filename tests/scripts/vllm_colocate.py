@@ -10,7 +10,7 @@ Run by tests/test_vllm.py in a fresh process per trainer (each builds its own en
   sync fails for float32 engines);
 - ``sync``: after training, vLLM's log-probs of a fixed sequence against the trained policy's and the initial
   policy's (after one more weight sync): the first close to 0, the second far from it;
-- ``metrics``: the logged ``sampling/*`` metrics of every step.
+- ``metrics``: the logged ``sampling/*`` (and ``ipo/*``) metrics of every step.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ report = {
         "vs_initial": float((engine - scores(initial)).abs().mean()),
     },
     "metrics": [
-        {key: value for key, value in entry.items() if key.startswith("sampling/")}
+        {key: value for key, value in entry.items() if key.startswith(("sampling/", "ipo/"))}
         for entry in trainer.state.log_history
         if any(key.startswith("sampling/") for key in entry)
     ],

@@ -332,19 +332,6 @@ class _Wire:
         finally:
             loop.remove_writer(self.write_fd)
 
-    def send_blocking(self, message: Mapping[str, Any], timeout_s: float) -> None:
-        view = memoryview(self.encode(message))
-        deadline = time.monotonic() + timeout_s
-        poller = select.poll()
-        poller.register(self.write_fd, select.POLLOUT)
-        while view:
-            view = view[self._write_some(view) :]
-            if view:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError()
-                poller.poll(remaining * 1000)
-
 
 # -------------------------------------------------------------------------------------------- the processes
 @dataclass
