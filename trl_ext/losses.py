@@ -4,7 +4,8 @@ The IPO loss comes from prime-rl (PrimeIntellect-ai/prime-rl, ``src/prime_rl/tra
 clipping the importance ratio ρ = p / p_old around 1 (PPO), it drops every token whose *probability* moved by more
 than ε since sampling, ``|p − p_old| > ε``: a trust region in probability space. The mask does not depend on the
 sign of the advantage. The kept tokens' ratio is capped at C with a stop-gradient, so its value never exceeds C and
-its gradient is bounded by C times the gradient of log p.
+its gradient is bounded by C times the gradient of log p (the cap comes from the judge blog's runs; prime-rl has
+none).
 
 Shapes: ``B`` rows (completions), ``T`` completion tokens. Log-probabilities are natural logs of the probability of
 the sampled token. No trainer state is read here; metrics are returned, not logged.

@@ -572,7 +572,10 @@ def isolation_report(limits: SandboxLimits) -> dict[str, Any]:
         opened.append("REPLs share the trainer's uid: model code can signal and read the trainer's processes")
     if backend == "namespace":
         isolated += ["file system (runtime read-only, private home, /tmp, /dev/shm)", "PID namespace"]
-        (opened if limits.network else isolated).append("network" if not limits.network else "network (opt-in)")
+        if limits.network:
+            opened.append("the network (network=True: model code reaches the host's services)")
+        else:
+            isolated.append("network")
     else:
         opened += [
             "the host file system (world-readable files: datasets, checkpoints, the trainer's command line)",

@@ -89,7 +89,8 @@ class ExtGRPOConfig(GRPOConfig):
         default=0.3,
         metadata={
             "help": "IPO loss: ε, the largest probability change |p − p_old| of a token that still gets a gradient "
-            "(tokens beyond it are masked, whatever the advantage sign). prime-rl's default is 0.3."
+            "(tokens beyond it are masked, whatever the advantage sign). 0.3 is the judge blog's run setting; "
+            "prime-rl's own default is 0.1."
         },
     )
     ipo_ratio_cap: float = field(
@@ -115,7 +116,7 @@ class ExtGRPOConfig(GRPOConfig):
         if not 0.0 < self.ipo_threshold <= 1.0:
             raise ValueError(
                 f"ipo_threshold={self.ipo_threshold} is not a probability difference: set it in (0, 1] "
-                "(prime-rl uses 0.3; smaller is a tighter trust region)."
+                "(the judge blog's runs use 0.3, prime-rl's default is 0.1; smaller is a tighter trust region)."
             )
         if not self.ipo_ratio_cap > 1.0:
             raise ValueError(
