@@ -294,8 +294,8 @@ for _ in range(4):
         block = bytearray(200 * 2**20)
         for i in range(0, len(block), 4096):
             block[i] = 1
+        time.sleep(2)  # still holding it when the others hold theirs (the kernel kills some on the way)
         os.write(write, b"x")
-        time.sleep(2)
         os._exit(0)
     children.append(pid)
 os.close(write)
@@ -316,7 +316,9 @@ def test_4_memory_is_limited_for_the_whole_repl_not_per_process():
     with PythonREPL(memory_mb=512, max_processes=8, timeout_s=20) as repl:
         result = run(repl, _CHILDREN_HOLD_MEMORY)
         peak = repl.memory_peak_bytes()
-        assert "held 4" not in result.stdout, result  # 4 x 200 MB cannot all be resident under 512 MB
+        # The survivors all hold 200 MB at the same time at the end: under 512 MB, at most 2 of the 4 can.
+        held = int(result.stdout.split()[1]) if "held" in result.stdout else 0
+        assert held <= 2, result
         assert result.crashed or result.timed_out or "held" in result.stdout, result
         assert peak is None or peak <= 512 * 2**20, (peak, result)
 
