@@ -667,9 +667,6 @@ class ControlGroups:
         """Largest memory use of the REPL so far (all processes, tmpfs and memfd files, kernel memory)."""
         return int(self._read("memory", "memory.max_usage_in_bytes"))
 
-    def memory_bytes(self) -> int:
-        return int(self._read("memory", "memory.usage_in_bytes"))
-
     def out_of_memory(self) -> bool:
         """The kernel killed a process of the group for exceeding its memory limit."""
         if "memory" not in self.paths:
