@@ -11,14 +11,13 @@ from trl_ext.quickstart import (
     EvalResult,
     QuickstartError,
     QuickstartSettings,
-    _CanonicalOrderGenerator,
     evaluate_policy,
     held_out_eval_set,
     prepare_output_dir,
     run_quickstart,
     toy_scaffold_config,
 )
-from trl_ext.rlm import Completion, PythonREPL, RLMEngine, RLMTask, ScriptedGenerator
+from trl_ext.rlm import PythonREPL, RLMEngine, RLMTask, ScriptedGenerator
 from trl_ext.toy_task import (
     COMPUTE_ACTION,
     EXPLORE_ACTION,
@@ -147,48 +146,6 @@ def test_held_out_eval_set_is_disjoint_from_the_training_data():
     train = make_toy_dataset(2000, seed=0)
     held_out = held_out_eval_set(48, 0, exclude=train["context"])
     assert len(held_out) == 48 and not set(held_out["context"]) & set(train["context"])
-
-
-def test_canonical_order_generator_is_order_independent():
-    """The same multiset of prompts gets the same completion per prompt, whatever order they arrive in."""
-    seen = []
-
-    class Counting:
-        def generate(self, prompts):
-            seen.append([list(p) for p in prompts])
-            return [Completion(token_ids=[i], logprobs=[0.0]) for i in range(len(prompts))]
-
-    wrapped = _CanonicalOrderGenerator(Counting())
-    prompts = [[3, 1], [2], [1, 9, 9], [2, 5]]
-    first = {tuple(p): c.token_ids for p, c in zip(prompts, wrapped.generate(prompts))}
-    reordered = [prompts[i] for i in (2, 0, 3, 1)]
-    second = {tuple(p): c.token_ids for p, c in zip(reordered, wrapped.generate(reordered))}
-    assert first == second and seen[0] == seen[1]
-
-
-def test_canonical_rollout_order_sorts_within_each_example_only():
-    from types import SimpleNamespace
-
-    from trl_ext.quickstart import canonical_rollout_order
-
-    def tree(*actions, logprob=-0.5):
-        turns = [SimpleNamespace(action_ids=a, logprobs=[logprob] * len(a)) for a in actions]
-        return SimpleNamespace(nodes=[SimpleNamespace(turns=turns)])
-
-    trees = [tree([5], [1]), tree([2]), tree([9]), tree([1, 1])]
-    inputs = [{"prompt": "p", "context": "a"}, {"prompt": "p", "context": "b"}] * 2  # examples a, b, a, b
-    order = canonical_rollout_order(trees, inputs, "context")
-    assert order == [0, 3, 2, 1]  # a: [5],[1] < [9]; b: [1, 1] < [2]
-    assert [inputs[i]["context"] for i in order] == [row["context"] for row in inputs]
-    assert canonical_rollout_order(trees, inputs[:2], "context") == [0, 1, 2, 3]  # misaligned: left alone
-
-    # Twins: the same tokens, log-probs that differ in the last bits (another row of the batched generation). Either
-    # arrival order gives the same batch.
-    twins = [tree([7], logprob=-0.25000003), tree([7], logprob=-0.25)]
-    same = [{"prompt": "p", "context": "a"}] * 2
-    assert [twins[i] for i in canonical_rollout_order(twins, same, "context")] == [twins[0], twins[1]]
-    swapped = twins[::-1]
-    assert [swapped[i] for i in canonical_rollout_order(swapped, same, "context")] == [twins[0], twins[1]]
 
 
 def test_prepare_output_dir_errors(tmp_path):

@@ -332,7 +332,7 @@ def _run_stepwise(
     from .testing import build_tiny_model_and_tokenizer
     from .testing_server import ScriptedChatServer
     from .toy_task import ToyTeacher, exact_match_reward, make_toy_dataset
-    from .trainers import StepwiseRLMConfig
+    from .trainers import StepwiseRLMConfig, StepwiseRLMTrainer
 
     times: dict[str, float] = {}
     seed = settings.seed
@@ -405,7 +405,7 @@ def _run_stepwise(
     )
     config = StepwiseRLMConfig(**toy_rl_config_kwargs(settings, output, progress))
     monitors = default_monitors()
-    trainer = _ordered_trainer_class()(
+    trainer = StepwiseRLMTrainer(
         model,
         exact_match_reward,
         args=config,
@@ -527,78 +527,6 @@ def _cold_start_sft(model: Any, tokenizer: Any, rows: Any, settings: QuickstartS
     return model
 
 
-class _CanonicalOrderGenerator:
-    """Wraps a `Generator` so that a batch's samples do not depend on the order its requests arrived in.
-
-    `RLMEngine` queues a wave's requests in the order the nodes finished their REPL cells, which varies from run to
-    run; batched sampling gives row i the i-th random draw, so the same seed would give different rollouts. Sorting
-    each call's prompts first makes the (prompt, completion) pairs of a wave a function of the seed alone. Nodes with
-    identical prompts are interchangeable (same history, same REPL state), but which of them gets which completion can
-    still vary: `_ordered_trainer_class` puts the rollouts of each group in a canonical order for that.
-    """
-
-    def __init__(self, inner: Any):
-        self.inner = inner
-
-    def generate(self, prompts: Sequence[Sequence[int]]) -> list[Any]:
-        order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), tuple(prompts[i])))
-        completions = self.inner.generate([prompts[i] for i in order])
-        result: list[Any] = [None] * len(prompts)
-        for position, index in enumerate(order):
-            result[index] = completions[position]
-        return result
-
-
-def _ordered_trainer_class():
-    """`StepwiseRLMTrainer` made reproducible for a fixed seed, whatever order the REPL cells finish in.
-
-    Two things depend on that order in the engine: the row of each request in a batched generator call (fixed by
-    `_CanonicalOrderGenerator`) and which of two interchangeable rollouts of the same example (identical prompts so
-    far) receives which completion. The second reorders the rollouts of one example within the training batch, which
-    changes TRL's shuffled micro-batches and the order of float sums; so the rollouts of each example are put in a
-    canonical order (by their sampled tokens) before the rewards and the rows are built. Permuting the samples of one
-    example is harmless: they share every dataset column.
-    """
-    from .trainers import StepwiseRLMTrainer
-
-    class OrderedStepwiseRLMTrainer(StepwiseRLMTrainer):
-        def make_generator(self):
-            return _CanonicalOrderGenerator(super().make_generator())
-
-        def run_rollouts(self, prompts):
-            output = super().run_rollouts(prompts)
-            order = canonical_rollout_order(self._rlm_trees, self._rlm_inputs, self.args.context_column)
-            self._rlm_trees = [self._rlm_trees[i] for i in order]
-            return {key: [values[i] for i in order] for key, values in output.items()}
-
-    return OrderedStepwiseRLMTrainer
-
-
-def canonical_rollout_order(trees: Sequence[Any], inputs: Sequence[dict[str, Any]], context_column: str) -> list[int]:
-    """A permutation that sorts the rollouts of each example (same prompt and context) by their sampled tokens and
-    leaves every rollout in a slot of its own example."""
-    if len(inputs) != len(trees):
-        return list(range(len(trees)))
-    slots: dict[str, list[int]] = {}
-    for index, row in enumerate(inputs):
-        key = json.dumps([row.get("prompt"), row.get(context_column)], sort_keys=True, default=str)
-        slots.setdefault(key, []).append(index)
-    order = list(range(len(trees)))
-    for indices in slots.values():
-        ranked = sorted(indices, key=lambda i: _rollout_sort_key(trees[i]))
-        for slot, source in zip(indices, ranked):
-            order[slot] = source
-    return order
-
-
-def _rollout_sort_key(tree: Any) -> tuple[list[Any], list[Any]]:
-    """Sampled tokens first, then their log-probs: two rollouts with the same tokens can differ in the last bits of
-    their log-probs (batched generation rounds each row of a batch a little differently), and those reach the loss."""
-    tokens = [[list(turn.action_ids) for turn in node.turns] for node in tree.nodes]
-    logprobs = [[list(turn.logprobs or []) for turn in node.turns] for node in tree.nodes]
-    return tokens, logprobs
-
-
 def evaluate_policy(
     model: Any,
     tokenizer: Any,
@@ -616,14 +544,14 @@ def evaluate_policy(
     """
     import torch
 
-    from .rlm import RLMEngine, RLMTask, TransformersGenerator
+    from .rlm import CanonicalOrderGenerator, RLMEngine, RLMTask, TransformersGenerator
     from .toy_task import classify_strategy, exact_match_reward
 
     tasks = [
         RLMTask(prompt=row["prompt"], context=row["context"]) for row in eval_set for _ in range(settings.eval_samples)
     ]
     answers = [row["answer"] for row in eval_set for _ in range(settings.eval_samples)]
-    generator = _CanonicalOrderGenerator(
+    generator = CanonicalOrderGenerator(
         TransformersGenerator(
             model, tokenizer, max_new_tokens=settings.max_completion_length, temperature=settings.temperature
         )

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from trl_ext.rlm import (
+    CanonicalOrderGenerator,
     Completion,
     Generator,
     RLMEngine,
@@ -215,3 +216,20 @@ def test_from_trainer_reads_trl_settings_and_rejects_unsupported_modes():
         VLLMColocateGenerator.from_trainer(_vllm_generation("colocate", enable_sleep_mode=True))
     with pytest.raises(ValueError, match="vllm_mode='server'"):
         VLLMServerGenerator.from_trainer(SimpleNamespace())
+
+
+def test_canonical_order_generator_is_order_independent():
+    """The same multiset of prompts gets the same completion per prompt, whatever order they arrive in."""
+    seen = []
+
+    class Counting:
+        def generate(self, prompts):
+            seen.append([list(p) for p in prompts])
+            return [Completion(token_ids=[i], logprobs=[0.0]) for i in range(len(prompts))]
+
+    wrapped = CanonicalOrderGenerator(Counting())
+    prompts = [[3, 1], [2], [1, 9, 9], [2, 5]]
+    first = {tuple(p): c.token_ids for p, c in zip(prompts, wrapped.generate(prompts))}
+    reordered = [prompts[i] for i in (2, 0, 3, 1)]
+    second = {tuple(p): c.token_ids for p, c in zip(reordered, wrapped.generate(reordered))}
+    assert first == second and seen[0] == seen[1]

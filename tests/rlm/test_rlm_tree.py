@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from trl_ext.rlm import LLMCall, ReplResult, RolloutNode, RolloutTree, Turn, subtree_weights
+from trl_ext.rlm import LLMCall, ReplResult, RolloutNode, RolloutTree, Turn, canonical_rollout_order, subtree_weights
 from trl_ext.rlm.tree import preorder
 from trl_ext.testing import build_tiny_tokenizer
 
@@ -137,3 +137,26 @@ def test_tree_validation():
         RolloutTree([RolloutNode(3, None, 0, "t")])
     with pytest.raises(ValueError, match="only root"):
         RolloutTree([RolloutNode(0, None, 0, "t"), RolloutNode(1, None, 0, "u")])
+
+
+def test_canonical_rollout_order_sorts_within_each_example_only():
+    from types import SimpleNamespace
+
+    def tree(*actions, logprob=-0.5):
+        turns = [SimpleNamespace(action_ids=a, logprobs=[logprob] * len(a)) for a in actions]
+        return SimpleNamespace(nodes=[SimpleNamespace(turns=turns)])
+
+    trees = [tree([5], [1]), tree([2]), tree([9]), tree([1, 1])]
+    inputs = [{"prompt": "p", "context": "a"}, {"prompt": "p", "context": "b"}] * 2  # examples a, b, a, b
+    order = canonical_rollout_order(trees, inputs, "context")
+    assert order == [0, 3, 2, 1]  # a: [5],[1] < [9]; b: [1, 1] < [2]
+    assert [inputs[i]["context"] for i in order] == [row["context"] for row in inputs]
+    assert canonical_rollout_order(trees, inputs[:2], "context") == [0, 1, 2, 3]  # misaligned: left alone
+
+    # Twins: the same tokens, log-probs that differ in the last bits (another row of the batched generation). Either
+    # arrival order gives the same batch.
+    twins = [tree([7], logprob=-0.25000003), tree([7], logprob=-0.25)]
+    same = [{"prompt": "p", "context": "a"}] * 2
+    assert [twins[i] for i in canonical_rollout_order(twins, same, "context")] == [twins[0], twins[1]]
+    swapped = twins[::-1]
+    assert [swapped[i] for i in canonical_rollout_order(swapped, same, "context")] == [twins[0], twins[1]]

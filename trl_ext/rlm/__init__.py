@@ -20,6 +20,7 @@ For a trainer: ``trees = RLMEngine(generator, tokenizer, config).run(tasks)``, t
 
 from .engine import EngineStats, GeneratorError, RLMEngine, RLMTask, critical_path_generations
 from .generators import (
+    CanonicalOrderGenerator,
     Completion,
     Generator,
     ScriptedGenerator,
@@ -30,9 +31,10 @@ from .generators import (
 from .repl import PythonREPL, QueryRefused, QueryRequest, ReplResult
 from .sandbox import SandboxError, SandboxLimits
 from .scaffold import RLMScaffoldConfig
-from .tree import LLMCall, RolloutNode, RolloutTree, Turn, TurnSample, subtree_weights
+from .tree import LLMCall, RolloutNode, RolloutTree, Turn, TurnSample, canonical_rollout_order, subtree_weights
 
 __all__ = [
+    "CanonicalOrderGenerator",
     "Completion",
     "EngineStats",
     "Generator",
@@ -55,6 +57,7 @@ __all__ = [
     "TurnSample",
     "VLLMColocateGenerator",
     "VLLMServerGenerator",
+    "canonical_rollout_order",
     "critical_path_generations",
     "subtree_weights",
 ]

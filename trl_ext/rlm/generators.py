@@ -12,6 +12,8 @@ Implementations:
   when ``vllm_mode="colocate"``).
 - `VLLMServerGenerator`: TRL's vLLM server client (``trl.generation.vllm_client.VLLMClient``, ``trl vllm-serve``).
 - `ScriptedGenerator`: fixed completions computed from the prompt text; for tests and benchmarks.
+- `CanonicalOrderGenerator`: wraps any of them so that a batch's samples do not depend on the order its requests
+  arrived in (the trainers use it: the same seed gives the same rollouts).
 
 vLLM is imported lazily: this module imports without it.
 """
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
+    "CanonicalOrderGenerator",
     "Completion",
     "Generator",
     "ScriptedGenerator",
@@ -451,3 +454,25 @@ def _trl_sampling(vllm_generation: Any) -> dict[str, Any]:
         "repetition_penalty": vllm_generation.repetition_penalty,
         "generation_kwargs": dict(vllm_generation.generation_kwargs or {}),
     }
+
+
+class CanonicalOrderGenerator:
+    """Wraps a `Generator` so that a batch's samples do not depend on the order its requests arrived in.
+
+    `RLMEngine` queues a wave's requests in the order the nodes finished their REPL cells, which varies from run to
+    run; batched sampling gives row i the i-th random draw, so the same seed would give different rollouts. Sorting
+    each call's prompts first makes the (prompt, completion) pairs of a wave a function of the seed alone. Nodes with
+    identical prompts are interchangeable (same history, same REPL state), but which of them gets which completion
+    can still vary: `trl_ext.rlm.canonical_rollout_order` puts the rollouts of each example in a canonical order.
+    """
+
+    def __init__(self, inner: Generator):
+        self.inner = inner
+
+    def generate(self, prompts: Sequence[Sequence[int]]) -> list[Completion]:
+        order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), tuple(prompts[i])))
+        completions = self.inner.generate([prompts[i] for i in order])
+        result: list[Any] = [None] * len(prompts)
+        for position, index in enumerate(order):
+            result[index] = completions[position]
+        return result

@@ -354,3 +354,37 @@ def preorder(nodes: Sequence[RolloutNode]) -> RolloutTree:
         for turn in node.turns:
             turn.children = [new_id[child] for child in turn.children]
     return RolloutTree(order)
+
+
+def canonical_rollout_order(
+    trees: Sequence[RolloutTree], inputs: Sequence[Mapping[str, Any]], context_column: str
+) -> list[int]:
+    """A permutation that sorts the rollouts of each example (same prompt and context) by their sampled tokens and
+    leaves every rollout in a slot of its own example.
+
+    Which of two interchangeable rollouts of one example (identical prompts so far) receives which completion depends
+    on the order the REPL cells finished in. Reordering them changes TRL's shuffled micro-batches and the order of
+    float sums, so the trainers apply this permutation before building rewards and rows: the same seed then gives the
+    same batch. Permuting the samples of one example is harmless: they share every dataset column. Returns the
+    identity when ``inputs`` and ``trees`` differ in length.
+    """
+    if len(inputs) != len(trees):
+        return list(range(len(trees)))
+    slots: dict[str, list[int]] = {}
+    for index, row in enumerate(inputs):
+        key = json.dumps([row.get("prompt"), row.get(context_column)], sort_keys=True, default=str)
+        slots.setdefault(key, []).append(index)
+    order = list(range(len(trees)))
+    for indices in slots.values():
+        ranked = sorted(indices, key=lambda i: _rollout_sort_key(trees[i]))
+        for slot, source in zip(indices, ranked):
+            order[slot] = source
+    return order
+
+
+def _rollout_sort_key(tree: RolloutTree) -> tuple[list[Any], list[Any]]:
+    """Sampled tokens first, then their log-probs: two rollouts with the same tokens can differ in the last bits of
+    their log-probs (batched generation rounds each row of a batch a little differently), and those reach the loss."""
+    tokens = [[list(turn.action_ids) for turn in node.turns] for node in tree.nodes]
+    logprobs = [[list(turn.logprobs or []) for turn in node.turns] for node in tree.nodes]
+    return tokens, logprobs

@@ -29,8 +29,13 @@ from trl.trainer.utils import pad, use_adapter
 
 from ..advantages import broadcast_advantages, stepwise_loss_weights, trained_node_weights
 from ..losses import importance_sampling_ratio
-from ..rlm import RLMEngine, RLMScaffoldConfig, RLMTask, RolloutTree
-from ..rlm.generators import TransformersGenerator, VLLMColocateGenerator, VLLMServerGenerator
+from ..rlm import RLMEngine, RLMScaffoldConfig, RLMTask, RolloutTree, canonical_rollout_order
+from ..rlm.generators import (
+    CanonicalOrderGenerator,
+    TransformersGenerator,
+    VLLMColocateGenerator,
+    VLLMServerGenerator,
+)
 from ..rlm.sandbox import SandboxArguments, isolation_report, resolve_isolation
 from .ext_grpo import ExtGRPOConfig, ExtGRPOTrainer
 
@@ -162,14 +167,18 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
 
     # ------------------------------------------------------------------------------------------------ rollouts
     def make_generator(self):
-        """The policy's sampler for the engine: the ``generator=`` passed in, else transformers or TRL's vLLM."""
+        """The policy's sampler for the engine (the ``generator=`` passed in, else transformers or TRL's vLLM), wrapped in
+        `CanonicalOrderGenerator`."""
         if self._rlm_generator is not None:
-            return self._rlm_generator
-        if not self.use_vllm:
-            return TransformersGenerator.from_trainer(self)
-        if self.vllm_mode == "colocate":
-            return VLLMColocateGenerator.from_trainer(self)
-        return VLLMServerGenerator.from_trainer(self)
+            generator = self._rlm_generator
+        elif not self.use_vllm:
+            generator = TransformersGenerator.from_trainer(self)
+        elif self.vllm_mode == "colocate":
+            generator = VLLMColocateGenerator.from_trainer(self)
+        else:
+            generator = VLLMServerGenerator.from_trainer(self)
+        # Requests arrive in the order the REPL cells finished; sorting them makes the samples a function of the seed.
+        return CanonicalOrderGenerator(generator)
 
     def _generate_and_score_completions(self, inputs):
         self._rlm_inputs = inputs  # the rollout function needs the context column, which TRL does not pass it
@@ -188,6 +197,8 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
             trees = engine.run(tasks)
         finally:
             self.model.train(was_training)
+        # Interchangeable rollouts of one example in a canonical order, so the same seed gives the same batch.
+        trees = [trees[i] for i in canonical_rollout_order(trees, self._rlm_inputs, self.args.context_column)]
         self._rlm_trees = trees
         self._rlm_stats = engine.stats
         eos = self.processing_class.eos_token_id
