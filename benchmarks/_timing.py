@@ -8,16 +8,20 @@ from transformers import TrainerCallback
 
 
 class GenerationTimer:
-    """Trainer mixin: accumulates the time spent in generation and scoring (`_generate_and_score_completions`)."""
+    """Trainer mixin: accumulates the time spent generating and scoring batches (from trl-ext's `on_batch_start` to
+    its `on_batch_end` hook: TRL's generation and scoring, and the trainer's `after_scoring`)."""
 
     generation_s = 0.0
 
-    def _generate_and_score_completions(self, inputs):
-        start = time.perf_counter()
+    def on_batch_start(self, scope):
+        self._generation_start = time.perf_counter()
+        super().on_batch_start(scope)
+
+    def on_batch_end(self, scope):
         try:
-            return super()._generate_and_score_completions(inputs)
+            super().on_batch_end(scope)
         finally:
-            self.generation_s += time.perf_counter() - start
+            self.generation_s += time.perf_counter() - self._generation_start
 
 
 class StepTimer(TrainerCallback):

@@ -72,7 +72,7 @@ class MeteredFlat(MeteredStepwise):
         tokenizer = self.processing_class
         device = batch["completion_ids"].device
         prompts, completions, tool_masks, roots = [], [], [], []
-        for root, tree in enumerate(self._rlm_trees):
+        for root, tree in enumerate(self.last_rollout_trees):
             for node in tree.nodes:
                 ids, mask = [], []
                 for turn in node.turns:

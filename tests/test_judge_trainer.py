@@ -101,7 +101,7 @@ def capturing(trainer_class):
 
 
 def expected_credit(spans, length, mask_row, lam):
-    """SPEC §2 written out independently of trl_ext.judge.credit."""
+    """docs/judge_credit.md written out independently of trl_ext.judge.credit (``mask_row``: the judged tokens)."""
     credit = [0.0] * length
     for span in spans:
         for t in range(span["start"], span["end"]):
@@ -121,7 +121,7 @@ def judged_text(tokenizer, ids, mask):
 # ----------------------------------------------------------------------------------------------------------------
 # Config
 # ----------------------------------------------------------------------------------------------------------------
-def test_config_defaults_follow_spec_section_2(tmp_path):
+def test_config_defaults_follow_the_documented_method(tmp_path):
     config = JudgeCreditConfig(
         **cpu_config_kwargs(str(tmp_path)), judge_base_url="http://127.0.0.1:1/v1", judge_model="m"
     )
@@ -235,15 +235,18 @@ def test_training_run_per_token_advantages_differ_exactly_on_the_spans(tmp_path)
         trainer.train()
 
     assert len(trainer.captured) == 2
-    checked_spans, capped_rows = 0, 0
+    checked_spans, capped_rows, rows_with_eos = 0, 0, 0
     for batch in trainer.captured:
         outcome, advantages = batch["outcome"], batch["advantages"]
         mask = batch["completion_mask"].float()
         assert outcome.shape == (4,) and advantages.shape == batch["completion_ids"].shape  # no rollout lost
         for row in range(advantages.shape[0]):
-            text, _ = judged_text(tokenizer, batch["completion_ids"][row], batch["completion_mask"][row])
+            text, judged = judged_text(tokenizer, batch["completion_ids"][row], batch["completion_mask"][row])
             spans = judge.spans_by_text[text]
-            credit = expected_credit(spans, advantages.shape[1], mask[row], 0.25)
+            judged_mask = mask[row].clone()
+            judged_mask[judged:] = 0.0  # the λ cap averages over the tokens the judge read, not the EOS after them
+            rows_with_eos += bool(judged_mask.sum() < mask[row].sum())
+            credit = expected_credit(spans, advantages.shape[1], judged_mask, 0.25)
             torch.testing.assert_close(advantages[row], outcome[row] + credit)
             covered = torch.zeros(advantages.shape[1], dtype=torch.bool)
             for span in spans:
@@ -252,10 +255,11 @@ def test_training_run_per_token_advantages_differ_exactly_on_the_spans(tmp_path)
             assert torch.equal(differs, covered & mask[row].bool()), (row, spans)
             checked_spans += len(spans)
             raw_mean = (
-                expected_credit(spans, advantages.shape[1], mask[row], float("inf")).abs().sum() / mask[row].sum()
+                expected_credit(spans, advantages.shape[1], judged_mask, float("inf")).abs().sum() / judged_mask.sum()
             )
             capped_rows += bool(raw_mean > 0.25)
     assert checked_spans >= 8 and capped_rows >= 1  # the spans were really there, and λ really bit
+    assert rows_with_eos >= 1  # some rollouts ended with EOS, so the judged-token mean was really tested
 
     logs = [entry for entry in trainer.state.log_history if "judge/share" in entry]
     assert len(logs) == 2

@@ -1,4 +1,4 @@
-"""`StepwiseRLMTrainer`: the loss and gradient equal SPEC §1.3's J on scripted depth-2 trees; row accounting."""
+"""`StepwiseRLMTrainer`: the loss and gradient equal the J of docs/stepwise_rlm.md on scripted depth-2 trees; row accounting."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def node_loss(model, node, advantage: float, old_logps: dict, eps_low: float, ep
 
 
 def subtree_loss(model, tree, node_id: int, advantage: float, old_logps: dict, eps: tuple) -> torch.Tensor:
-    """L_subtree(v) = L_node(v) + (1/k_v) Σ_c L_subtree(c)  (SPEC §1.3)."""
+    """L_subtree(v) = L_node(v) + (1/k_v) Σ_c L_subtree(c)  (docs/stepwise_rlm.md)."""
     node = tree.nodes[node_id]
     loss = node_loss(model, node, advantage, old_logps, *eps)
     if node.children:
@@ -134,18 +134,18 @@ def subtree_run(tmp_path_factory):
 
 def test_trees_are_the_scripted_depth_two_trees(subtree_run):
     trainer, batch = subtree_run
-    assert len(trainer._rlm_trees) == 4
-    for tree in trainer._rlm_trees:
+    assert len(trainer.last_rollout_trees) == 4
+    for tree in trainer.last_rollout_trees:
         assert [node.task for node in tree.nodes] == ["root task", "sub A", "leaf A1", "leaf A2", "sub B", "sub C"]
         assert tree.weights() == pytest.approx([1, 1 / 3, 1 / 6, 1 / 6, 1 / 3, 1 / 3])
-    assert sorted(tree.final_answer for tree in trainer._rlm_trees) == ["no", "no", "yes", "yes"]
+    assert sorted(tree.final_answer for tree in trainer.last_rollout_trees) == ["no", "no", "yes", "yes"]
     assert batch["rewards"].tolist().count(1.0) == 4 * TURNS_PER_TREE["root task"] // 2
 
 
 def test_loss_and_gradient_equal_direct_subtree_objective(subtree_run):
     trainer, batch = subtree_run
     model = trainer.model
-    trees = trainer._rlm_trees
+    trees = trainer.last_rollout_trees
     with torch.no_grad():  # the sampling-time policy's log-probs, then an "update" that moves every ratio
         old_logps = [
             {(node.id, i): turn_logps(model, turn) for node in tree.nodes for i, turn in enumerate(node.turns)}
@@ -180,12 +180,50 @@ def test_loss_and_gradient_equal_direct_subtree_objective(subtree_run):
         assert error < 1e-4, f"{name}: relative gradient error {error:.2e}"
 
 
+def test_ipo_kl_tau_term_carries_the_node_weight(tmp_path):
+    """Under "subtree" the node weight W(v)/n_v multiplies the node's whole IPO loss, τ(log ρ)² included:
+    J = mean_g L_subtree(root_g) with L_node(v) = mean_{t in v} (−A·min(ρ_t, C) + τ·(log ρ_t)²)."""
+    tau, cap = 0.5, 8.0
+    trainer = make_trainer(
+        tmp_path, loss_type="ipo", ipo_kl_tau=tau, ipo_threshold=1.0, ipo_ratio_cap=cap, num_iterations=2
+    )
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    batch = trainer._generate_and_score_completions(generation_inputs())
+    model, trees = trainer.model, trainer.last_rollout_trees
+    with torch.no_grad():
+        # IPO's p_old is the sampler's own log-probs (here the scripted generator's), as with vLLM.
+        old_logps = [
+            {(node.id, i): torch.tensor(turn.logprobs) for node in tree.nodes for i, turn in enumerate(node.turns)}
+            for tree in trees
+        ]
+        loss = trainer.compute_loss(model, batch).item()
+        advantages = dict(zip(batch["rlm_root"].tolist(), batch["advantages"].tolist()))
+
+        def subtree(tree, node_id, advantage, old):
+            node = tree.nodes[node_id]
+            tokens = []
+            for index, turn in enumerate(node.turns):
+                log_ratio = turn_logps(model, turn) - old[(node.id, index)]
+                tokens.append(-advantage * log_ratio.exp().clamp(max=cap) + tau * log_ratio.pow(2))
+            value = torch.cat(tokens).mean()
+            if node.children:
+                value = value + sum(subtree(tree, c, advantage, old) for c in node.children) / len(node.children)
+            return value
+
+        objective = torch.stack([subtree(tree, 0, advantages[g], old_logps[g]) for g, tree in enumerate(trees)])
+        objective = objective.mean().item()
+        penalty_only = torch.stack([subtree(tree, 0, 0.0, old_logps[g]) for g, tree in enumerate(trees)]).mean()
+    assert penalty_only.item() > 1e-2, "the τ term should carry a visible share of the loss"
+    assert loss == pytest.approx(objective, rel=1e-4)
+
+
 def test_rows_are_every_turn_of_every_node_with_exact_prompts(subtree_run):
     trainer, batch = subtree_run
     real = ~batch["is_padding_row"]
     assert int(real.sum()) == 4 * TURNS_PER_TREE["root task"]
     tokenizer = trainer.processing_class
-    samples = [s for tree in trainer._rlm_trees for s in tree.turn_samples()]
+    samples = [s for tree in trainer.last_rollout_trees for s in tree.turn_samples()]
     for row, sample in enumerate(samples):
         prompt = batch["prompt_ids"][row][batch["prompt_mask"][row].bool()].tolist()
         action = batch["completion_ids"][row][batch["completion_mask"][row].bool()].tolist()
@@ -201,7 +239,7 @@ def test_child_sampling_one_trains_one_child_per_parent(tmp_path):
     for root in range(4):
         rows = real & (batch["rlm_root"] == root)
         nodes = set(batch["rlm_node"][rows].tolist())
-        tree = trainer._rlm_trees[root]
+        tree = trainer.last_rollout_trees[root]
         trained = sorted(nodes)
         assert trained[0] == 0
         for node in trained:  # every trained node with children has exactly one trained child
@@ -292,7 +330,7 @@ def test_roots_without_an_answer_get_zero_reward(tmp_path):
     trainer.reward_funcs = [always_one]
     trainer.model.train()
     batch = trainer._generate_and_score_completions(generation_inputs())
-    assert all(tree.final_answer is None for tree in trainer._rlm_trees)
+    assert all(tree.final_answer is None for tree in trainer.last_rollout_trees)
     assert batch["rewards"].abs().sum() == 0
 
 

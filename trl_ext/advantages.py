@@ -1,4 +1,4 @@
-"""Pure functions for advantages and per-token loss weights of stepwise RLM training (SPEC §1.2-1.3).
+"""Pure functions for advantages and per-token loss weights of stepwise RLM training (docs/stepwise_rlm.md).
 
 A root rollout is a tree of nodes (the root and the child RLMs it spawned); every turn of every trained node
 becomes one training row. Every row inherits its root's group advantage ``A_g``, and under the "subtree"
@@ -15,7 +15,61 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["broadcast_advantages", "stepwise_loss_weights", "trained_node_weights"]
+__all__ = ["broadcast_advantages", "stepwise_loss_weights", "subtree_weights", "trained_node_weights"]
+
+
+def subtree_weights(parents: Sequence[int | None]) -> list[float]:
+    """The 1/k weight of every node of a forest (docs/stepwise_rlm.md).
+
+    ``W(v) = Π_{ancestors a of v} 1/k_a`` where ``k_a`` is the number of children of ``a``; roots weigh 1. So the
+    children of a node share its weight's worth of loss equally, and a parent that spawns many children is not
+    dominated by them.
+
+    Args:
+        parents: ``parents[i]`` is the index of node ``i``'s parent, or None for a root. Any order.
+
+    Returns:
+        ``weights[i]`` for every node, in the order of `parents`.
+
+    Raises:
+        TypeError: an entry is neither None nor an int.
+        ValueError: an entry is not a node index, or the parent links form a cycle.
+
+    Example: ``subtree_weights([None, 0, 0, 1, 1, 1])`` is ``[1, 1/2, 1/2, 1/6, 1/6, 1/6]``.
+    """
+    size = len(parents)
+    for index, parent in enumerate(parents):
+        if parent is None:
+            continue
+        if isinstance(parent, bool) or not isinstance(parent, int):
+            raise TypeError(f"parents[{index}] must be a node index or None, got {parent!r}")
+        if not 0 <= parent < size:
+            raise ValueError(f"parents[{index}] = {parent} is not a node index in [0, {size})")
+        if parent == index:
+            raise ValueError(f"parents[{index}] = {index}: a node cannot be its own parent")
+    num_children = [0] * size
+    for parent in parents:
+        if parent is not None:
+            num_children[parent] += 1
+
+    weights: list[float | None] = [None] * size
+    for start in range(size):
+        path = []  # nodes whose weight waits on their parent's, from `start` upwards
+        on_path = set()
+        node: int | None = start
+        while node is not None and weights[node] is None:
+            if node in on_path:
+                cycle = path[path.index(node) :]
+                raise ValueError(f"parents form a cycle through nodes {cycle}; every chain must end at a root (None)")
+            path.append(node)
+            on_path.add(node)
+            node = parents[node]
+        weight = 1.0 if node is None else weights[node]
+        for child in reversed(path):
+            parent = parents[child]
+            weight = 1.0 if parent is None else weight / num_children[parent]
+            weights[child] = weight
+    return [float(weight) for weight in weights]  # type: ignore[arg-type]
 
 
 def _children(parents: Sequence[int | None]) -> list[list[int]]:
@@ -40,7 +94,7 @@ def trained_node_weights(
     Args:
         parents: ``parents[i]`` is node i's parent index, None for the root; nodes in pre-order (parent first).
         train_children: False trains the root's turns only.
-        child_sampling: ``"all"``: every node, ``W(v) = Π 1/k_a`` over its ancestors (SPEC §1.3).
+        child_sampling: ``"all"``: every node, ``W(v) = Π 1/k_a`` over its ancestors (docs/stepwise_rlm.md).
             ``"one"``: one uniformly drawn child per trained parent, recursively, each with weight 1 — an unbiased
             one-sample estimate of ``(1/k) Σ_c L_subtree(c)`` (cheaper, noisier).
         rng: the draw of ``"one"`` (seed it for reproducible runs).
@@ -57,6 +111,8 @@ def trained_node_weights(
     weights[0] = 1.0
     if not train_children:
         return weights
+    if child_sampling == "all":
+        return list(subtree_weights(parents))
     rng = rng or random.Random(0)
     stack = [0]
     while stack:
@@ -64,14 +120,9 @@ def trained_node_weights(
         kids = children[node]
         if not kids:
             continue
-        if child_sampling == "one":
-            chosen = kids[rng.randrange(len(kids))]
-            weights[chosen] = weights[node]
-            stack.append(chosen)
-        else:
-            for child in kids:
-                weights[child] = weights[node] / len(kids)  # type: ignore[operator]
-                stack.append(child)
+        chosen = kids[rng.randrange(len(kids))]
+        weights[chosen] = weights[node]
+        stack.append(chosen)
     return weights
 
 

@@ -1,4 +1,4 @@
-"""Pure tensor functions for the IPO masking loss (SPEC §3).
+"""Pure tensor functions for the policy losses, and the registry a config picks its loss from (docs/ipo_loss.md).
 
 The IPO loss comes from prime-rl (PrimeIntellect-ai/prime-rl, ``src/prime_rl/trainer/rl/loss.py``). Instead of
 clipping the importance ratio ρ = p / p_old around 1 (PPO), it drops every token whose *probability* moved by more
@@ -7,6 +7,9 @@ sign of the advantage. The kept tokens' ratio is capped at C with a stop-gradien
 its gradient is bounded by C times the gradient of log p (the cap comes from the judge blog's runs; prime-rl has
 none).
 
+`LOSSES` is the registry of ``loss_type`` values: TRL's own (computed by TRL) and trl-ext's (a pure per-token
+function here). A trainer looks its loss up with `get_loss`; `register_loss` adds one.
+
 Shapes: ``B`` rows (completions), ``T`` completion tokens. Log-probabilities are natural logs of the probability of
 the sampled token. No trainer state is read here; metrics are returned, not logged.
 """
@@ -14,11 +17,23 @@ the sampled token. No trainer state is read here; metrics are returned, not logg
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-__all__ = ["importance_sampling_ratio", "ipo_keep_mask", "ipo_loss"]
+__all__ = [
+    "LOSSES",
+    "LossSpec",
+    "get_loss",
+    "importance_sampling_ratio",
+    "ipo_keep_mask",
+    "ipo_loss",
+    "register_loss",
+    "sampling_mismatch",
+]
 
 
 def ipo_keep_mask(logps: Tensor, old_logps: Tensor, threshold: float = 0.3) -> Tensor:
@@ -65,8 +80,9 @@ def ipo_loss(
     ratio_cap: float = 8.0,
     kl_tau: float = 0.0,
     normalizer: float | Tensor | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """IPO masking loss (SPEC §3): ``mean over loss tokens of −keep·A·ρ̂ + τ·(log ρ)²``.
+    """IPO masking loss (docs/ipo_loss.md): ``Σ over loss tokens of w·(−keep·A·ρ̂ + τ·(log ρ)²) / normalizer``.
 
     With ρ = p / p_old, ``keep = |p − p_old| <= threshold`` and the capped ratio ``ρ̂ = ρ · stopgrad(min(1, C/ρ))``:
     ρ̂ equals min(ρ, C) in value and its gradient is ``min(ρ, C) · ∇log p``, so a capped token's gradient is
@@ -84,6 +100,8 @@ def ipo_loss(
         kl_tau: τ, weight of the ``(log ρ)²`` penalty (default 0).
         normalizer: the summed per-token loss is divided by this; default: the number of loss tokens in ``mask``.
             A trainer passes the token count of its whole accumulation window, as TRL's ``dapo`` loss does.
+        weights: ``(B, T)`` per-token weights ``w >= 0`` multiplying each token's whole loss (policy term and τ
+            penalty), e.g. the stepwise ``W(v)/n_v`` weights; default 1.
 
     Returns:
         ``(loss, metrics)``: a 0-dim loss, and 0-dim metrics over the loss tokens: ``masked_ratio`` (fraction
@@ -121,6 +139,10 @@ def ipo_loss(
     per_token_loss = -keep.to(logps.dtype) * token_advantages * capped_ratio_value
     if kl_tau:
         per_token_loss = per_token_loss + kl_tau * log_ratio.pow(2)
+    if weights is not None:
+        if weights.shape != logps.shape:
+            raise ValueError(f"weights must be (B, T) = {tuple(logps.shape)} like logps; got {tuple(weights.shape)}.")
+        per_token_loss = per_token_loss * weights.to(logps.dtype)
     per_token_loss = torch.where(scorable, per_token_loss, zeros)
 
     num_tokens = loss_tokens.sum()
@@ -202,3 +224,70 @@ def sampling_mismatch(old_logps: Tensor, sampling_logps: Tensor, mask: Tensor, i
         "is_ratio_mean": stat(ratios, torch.mean),
         "is_ratio_max": stat(ratios, torch.max),
     }
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The loss registry
+# --------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LossSpec:
+    """One ``loss_type``: who computes it and what it divides by.
+
+    Attributes:
+        name: the ``loss_type`` value.
+        normalization: ``"tokens"``: a sum over tokens divided by the loss tokens of the whole accumulation window
+            (all ranks), so a per-token weight is exact; ``"rows"``: a mean over rows (a zero-loss padding row
+            dilutes it); ``"local"``: divided by this micro-batch's own token count.
+        compute: None for TRL's own losses (TRL computes them); else a pure function
+            ``compute(logps, old_logps, advantages, mask, *, normalizer, weights, **settings) -> (loss, metrics)``
+            with the shapes of `ipo_loss`; its 0-dim metrics are logged as ``<name>/<metric>`` (``num_tokens``
+            weights their mean).
+        settings: for ``compute``: the config fields it reads, as ``{keyword: config attribute}``.
+        description: one line for errors and docs.
+    """
+
+    name: str
+    normalization: Literal["tokens", "rows", "local"]
+    compute: Callable[..., tuple[Tensor, dict[str, Tensor]]] | None = None
+    settings: Mapping[str, str] | None = None
+    description: str = ""
+
+    def settings_from(self, config: Any) -> dict[str, Any]:
+        """The keyword arguments of ``compute`` read from a trainer config."""
+        return {keyword: getattr(config, attribute) for keyword, attribute in (self.settings or {}).items()}
+
+
+LOSSES: dict[str, LossSpec] = {}
+
+
+def register_loss(spec: LossSpec) -> LossSpec:
+    """Add ``spec`` to `LOSSES` (a config's ``loss_type`` may then name it); returns it."""
+    if spec.normalization not in ("tokens", "rows", "local"):
+        raise ValueError(f"normalization={spec.normalization!r} must be 'tokens', 'rows' or 'local'.")
+    if spec.name in LOSSES and LOSSES[spec.name] != spec:
+        raise ValueError(f"loss_type {spec.name!r} is already registered; pick another name.")
+    LOSSES[spec.name] = spec
+    return spec
+
+
+def get_loss(name: str) -> LossSpec:
+    """The registered `LossSpec` of ``loss_type=name``; a ValueError naming the choices otherwise."""
+    if name not in LOSSES:
+        raise ValueError(f"Unknown loss_type={name!r}. Set loss_type to one of {list(LOSSES)}.")
+    return LOSSES[name]
+
+
+for _name in ("grpo", "sapo", "luspo", "dr_grpo"):
+    register_loss(LossSpec(_name, "rows", description=f"TRL's {_name!r} loss (a mean over rows)."))
+register_loss(LossSpec("bnpo", "local", description="TRL's 'bnpo' loss (this micro-batch's tokens)."))
+for _name in ("dapo", "cispo", "vespo"):
+    register_loss(LossSpec(_name, "tokens", description=f"TRL's {_name!r} loss (the window's loss tokens)."))
+register_loss(
+    LossSpec(
+        "ipo",
+        "tokens",
+        compute=ipo_loss,
+        settings={"threshold": "ipo_threshold", "ratio_cap": "ipo_ratio_cap", "kl_tau": "ipo_kl_tau"},
+        description="IPO masking loss: probability-difference trust region and ratio cap (docs/ipo_loss.md).",
+    )
+)

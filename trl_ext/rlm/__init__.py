@@ -18,6 +18,7 @@ For a trainer: ``trees = RLMEngine(generator, tokenizer, config).run(tasks)``, t
 1/k weight) and ``tree.weights()`` / `subtree_weights`.
 """
 
+from ..advantages import subtree_weights
 from .engine import EngineStats, GeneratorError, RLMEngine, RLMTask, critical_path_generations
 from .generators import (
     CanonicalOrderGenerator,
@@ -31,7 +32,7 @@ from .generators import (
 from .repl import PythonREPL, QueryRefused, QueryRequest, ReplResult
 from .sandbox import SandboxError, SandboxLimits
 from .scaffold import RLMScaffoldConfig
-from .tree import LLMCall, RolloutNode, RolloutTree, Turn, TurnSample, canonical_rollout_order, subtree_weights
+from .tree import LLMCall, RolloutNode, RolloutTree, Turn, TurnSample, canonical_rollout_order
 
 __all__ = [
     "CanonicalOrderGenerator",

@@ -158,6 +158,91 @@ class RLMScaffoldConfig:
         return {item.name: getattr(self, item.name) for item in fields(self)}
 
 
+# Trainer-config names of the scaffold's settings: the limits keep their names, templates and helpers get ``rlm_``.
+_TEMPLATES = (
+    "system_prompt",
+    "first_user_prompt",
+    "user_prompt",
+    "repl_output_prompt",
+    "no_code_prompt",
+    "final_var_error_prompt",
+    "child_no_answer",
+    "llm_query_prompt",
+    "degraded_rlm_query_prompt",
+    "recursion_note",
+    "leaf_recursion_note",
+)
+
+
+def _argument(name: str) -> Any:
+    setting = RLMScaffoldConfig.__dataclass_fields__[name]
+    return field(default=setting.default, metadata={"help": f"RLM scaffold: {setting.metadata['help']}"})
+
+
+def _template(name: str) -> Any:
+    setting = RLMScaffoldConfig.__dataclass_fields__[name]
+    return field(
+        default=None, metadata={"help": f"RLM scaffold: {setting.metadata['help']} None: the built-in template."}
+    )
+
+
+@dataclass
+class ScaffoldArguments:
+    """The `RLMScaffoldConfig` settings as trainer-config fields, so that each is one command-line flag or recipe key.
+
+    Limits keep the scaffold's names (``max_turns``, ``max_prompt_tokens``, ``max_batch_wait_s``...); the prompt
+    templates are ``rlm_<template>`` (None keeps the built-in one) and ``rlm_helpers`` is Python source run in every
+    REPL. The REPL limits are `trl_ext.rlm.sandbox.SandboxArguments` (``repl_<name>``). ``helper_objects`` (Python
+    objects) has no YAML form: pass a whole `RLMScaffoldConfig` to the engine for it.
+    """
+
+    max_turns: int = _argument("max_turns")
+    max_depth: int = _argument("max_depth")
+    max_children: int = _argument("max_children")
+    max_total_children: int = _argument("max_total_children")
+    max_llm_queries: int = _argument("max_llm_queries")
+    max_prompt_tokens: int | None = _argument("max_prompt_tokens")
+    max_batch_size: int | None = _argument("max_batch_size")
+    max_batch_wait_s: float | None = _argument("max_batch_wait_s")
+    rlm_helpers: str | None = field(
+        default=None, metadata={"help": "RLM scaffold: Python source run in every REPL at start (task helpers)."}
+    )
+    rlm_system_prompt: str | None = _template("system_prompt")
+    rlm_first_user_prompt: str | None = _template("first_user_prompt")
+    rlm_user_prompt: str | None = _template("user_prompt")
+    rlm_repl_output_prompt: str | None = _template("repl_output_prompt")
+    rlm_no_code_prompt: str | None = _template("no_code_prompt")
+    rlm_final_var_error_prompt: str | None = _template("final_var_error_prompt")
+    rlm_child_no_answer: str | None = _template("child_no_answer")
+    rlm_llm_query_prompt: str | None = _template("llm_query_prompt")
+    rlm_degraded_rlm_query_prompt: str | None = _template("degraded_rlm_query_prompt")
+    rlm_recursion_note: str | None = _template("recursion_note")
+    rlm_leaf_recursion_note: str | None = _template("leaf_recursion_note")
+
+    def scaffold_config(self, sandbox: SandboxLimits | None = None) -> RLMScaffoldConfig:
+        """The `RLMScaffoldConfig` these fields describe, with ``sandbox`` (default: `SandboxLimits()`)."""
+        limits = {name: getattr(self, name) for name in _LIMITS}
+        templates = {name: getattr(self, f"rlm_{name}") for name in _TEMPLATES}
+        return RLMScaffoldConfig(
+            **limits,
+            **{name: value for name, value in templates.items() if value is not None},
+            helpers=(self.rlm_helpers,) if self.rlm_helpers else (),
+            sandbox=sandbox if sandbox is not None else SandboxLimits(),
+        )
+
+
+_LIMITS = (
+    "max_turns",
+    "max_depth",
+    "max_children",
+    "max_total_children",
+    "max_llm_queries",
+    "max_prompt_tokens",
+    "max_batch_size",
+    "max_batch_wait_s",
+)
+
+
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")

@@ -1,4 +1,4 @@
-"""Rollout trees: what one root RLM rollout produced, turn by turn, with the 1/k subtree weights (SPEC §1.2-1.3).
+"""Rollout trees: what one root RLM rollout produced, turn by turn, with the 1/k subtree weights (docs/stepwise_rlm.md).
 
 A root rollout and every child it spawned through ``rlm_query``/``rlm_query_batched`` are the nodes of one
 `RolloutTree`, listed in pre-order (a parent before its children, children in spawn order), so
@@ -10,7 +10,7 @@ What a trainer needs from a tree::
     for sample in tree.turn_samples():     # one training sample per turn of every node
         sample.prompt_ids                  # the exact token ids the generator was given for this turn
         sample.action_ids, sample.logprobs # the sampled action and its sampling log-probs (same length)
-        sample.weight                      # W(node) = prod over ancestors a of 1/k_a (roots 1), SPEC §1.3
+        sample.weight                      # W(node) = prod over ancestors a of 1/k_a (roots 1), docs/stepwise_rlm.md
 
 ``llm_query`` completions are recorded too (`Turn.llm_calls`, with ids and log-probs) but are not nodes and not
 in `turn_samples`: they are single completions, and whether to train on them is the trainer's choice.
@@ -19,68 +19,16 @@ in `turn_samples`: they are single completions, and whether to train on them is 
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..advantages import trained_node_weights
 from .repl import ReplResult
 
 EndReason = Literal["final_answer", "max_turns", "prompt_too_long", "error"]
 END_REASONS: tuple[str, ...] = ("final_answer", "max_turns", "prompt_too_long", "error")
-
-
-def subtree_weights(parents: Sequence[int | None]) -> list[float]:
-    """The 1/k weight of every node of a forest (SPEC §1.3).
-
-    ``W(v) = Π_{ancestors a of v} 1/k_a`` where ``k_a`` is the number of children of ``a``; roots weigh 1. So the
-    children of a node share its weight's worth of loss equally, and a parent that spawns many children is not
-    dominated by them.
-
-    Args:
-        parents: ``parents[i]`` is the index of node ``i``'s parent, or None for a root. Any order.
-
-    Returns:
-        ``weights[i]`` for every node, in the order of `parents`.
-
-    Raises:
-        TypeError: an entry is neither None nor an int.
-        ValueError: an entry is not a node index, or the parent links form a cycle.
-
-    Example: ``subtree_weights([None, 0, 0, 1, 1, 1])`` is ``[1, 1/2, 1/2, 1/6, 1/6, 1/6]``.
-    """
-    size = len(parents)
-    for index, parent in enumerate(parents):
-        if parent is None:
-            continue
-        if isinstance(parent, bool) or not isinstance(parent, int):
-            raise TypeError(f"parents[{index}] must be a node index or None, got {parent!r}")
-        if not 0 <= parent < size:
-            raise ValueError(f"parents[{index}] = {parent} is not a node index in [0, {size})")
-        if parent == index:
-            raise ValueError(f"parents[{index}] = {index}: a node cannot be its own parent")
-    num_children = [0] * size
-    for parent in parents:
-        if parent is not None:
-            num_children[parent] += 1
-
-    weights: list[float | None] = [None] * size
-    for start in range(size):
-        path = []  # nodes whose weight waits on their parent's, from `start` upwards
-        on_path = set()
-        node: int | None = start
-        while node is not None and weights[node] is None:
-            if node in on_path:
-                cycle = path[path.index(node) :]
-                raise ValueError(f"parents form a cycle through nodes {cycle}; every chain must end at a root (None)")
-            path.append(node)
-            on_path.add(node)
-            node = parents[node]
-        weight = 1.0 if node is None else weights[node]
-        for child in reversed(path):
-            parent = parents[child]
-            weight = 1.0 if parent is None else weight / num_children[parent]
-            weights[child] = weight
-    return [float(weight) for weight in weights]  # type: ignore[arg-type]
 
 
 @dataclass
@@ -128,7 +76,7 @@ class Turn:
     """One turn of a node: the prompt it was given, the action it sampled, and what running the action did.
 
     Attributes:
-        prompt_ids: the exact token ids fed to the generator (prompt rebuilt every turn, SPEC §1.1).
+        prompt_ids: the exact token ids fed to the generator (prompt rebuilt every turn, docs/rlm_scaffold.md).
         action_ids: the sampled completion, eos included when sampled.
         logprobs: sampling log-probs of `action_ids` (after temperature/top-p processing), same length.
         action: the decoded action (special tokens skipped).
@@ -287,13 +235,26 @@ class RolloutTree:
         """``parents()[i]``: parent id of node ``i`` (None for the root); the input of `subtree_weights`."""
         return [node.parent for node in self.nodes]
 
-    def weights(self) -> list[float]:
-        """The 1/k weight of every node (`subtree_weights` of `parents`)."""
-        return subtree_weights(self.parents())
+    def weights(
+        self, *, train_children: bool = True, child_sampling: str = "all", rng: random.Random | None = None
+    ) -> list[float | None]:
+        """W(v) of every node, None for a node that is not trained (`trl_ext.advantages.trained_node_weights`).
 
-    def turn_samples(self) -> list[TurnSample]:
-        """Every turn of every node as a training sample, nodes in pre-order, turns in order."""
-        weights = self.weights()
+        With the defaults every node is trained with its 1/k weight (`subtree_weights` of `parents`).
+        """
+        return trained_node_weights(
+            self.parents(), train_children=train_children, child_sampling=child_sampling, rng=rng
+        )
+
+    def turn_samples(
+        self, *, train_children: bool = True, child_sampling: str = "all", rng: random.Random | None = None
+    ) -> list[TurnSample]:
+        """Every turn of every trained node as a training sample, nodes in pre-order, turns in order.
+
+        The arguments choose the trained nodes and their weights as in `weights` (the trainer passes its
+        ``train_children`` and ``child_sampling`` settings).
+        """
+        weights = self.weights(train_children=train_children, child_sampling=child_sampling, rng=rng)
         return [
             TurnSample(
                 node=node.id,
@@ -305,6 +266,7 @@ class RolloutTree:
                 weight=weights[node.id],
             )
             for node in self.nodes
+            if weights[node.id] is not None
             for index, turn in enumerate(node.turns)
         ]
 

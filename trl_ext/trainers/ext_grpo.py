@@ -1,15 +1,17 @@
-"""`ExtGRPOTrainer`: TRL's GRPOTrainer with the IPO masking loss, per-token advantages and a row-changing hook.
+"""`ExtGRPOTrainer`: TRL's GRPOTrainer with the loss registry, per-token advantages and a row-changing hook.
 
 Everything TRL does (generation with transformers or vLLM, LoRA, Accelerate, reward functions, logging) is left to
-`trl.GRPOTrainer`. This subclass adds three things:
+`trl.GRPOTrainer`; the TRL private methods this builds on are overridden in one place, `trl_seam`. This subclass
+adds three things:
 
-1. ``loss_type="ipo"``: the probability-difference trust region of SPEC §3 (`trl_ext.losses.ipo_loss`).
+1. ``loss_type`` picks a loss from the registry of `trl_ext.losses` (TRL's own, or ``"ipo"``: the
+   probability-difference trust region of docs/ipo_loss.md).
 2. `ExtGRPOTrainer.process_scored_batch`, one documented hook on the scored generation batch through which a
    subclass may replace the ``(B,)`` advantages by ``(B, T)`` per-token ones, attach per-token loss weights, or
    change the rows (split rollouts into turns).
-3. The bookkeeping a changed row count needs (../shared/NOTES.md): rows are padded so none is dropped by TRL's
-   split into ``steps_per_generation`` chunks and every rank holds the same count, and ``num_items_in_batch`` is
-   recomputed from the final masks.
+3. The bookkeeping a changed row count needs: TRL shuffles the batch and splits it into ``steps_per_generation``
+   equal chunks, so rows are padded (with zero-loss copies) so that none is dropped and every rank holds the same
+   count, and ``num_items_in_batch`` is recomputed from the final masks.
 """
 
 from __future__ import annotations
@@ -21,17 +23,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig
 from trl.trainer.utils import nanmax, nanmin
 
-from ..losses import ipo_loss, sampling_mismatch
+from ..losses import LOSSES, LossSpec, get_loss, sampling_mismatch
+from .trl_seam import BatchScope, TRLSeam
 
 logger = logging.getLogger(__name__)
 
-TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
-LOSS_TYPES = (*TRL_LOSS_TYPES, "ipo")
-# Loss types that average over rows: padding rows would dilute them, so their loss is rescaled by rows/real rows.
-ROW_MEAN_LOSS_TYPES = ("grpo", "sapo", "luspo", "dr_grpo")
+# Deprecated aliases (the registry `trl_ext.losses.LOSSES` is the home): kept for one release.
+TRL_LOSS_TYPES = tuple(name for name, spec in LOSSES.items() if spec.compute is None)
+LOSS_TYPES = tuple(LOSSES)
+ROW_MEAN_LOSS_TYPES = tuple(name for name, spec in LOSSES.items() if spec.normalization == "rows")
 
 
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -62,12 +65,12 @@ class ExtGRPOConfig(GRPOConfig):
     Configuration for [`ExtGRPOTrainer`]: every field of `trl.GRPOConfig`, plus the IPO masking loss.
 
     Parameters:
-        > IPO masking loss (SPEC §3; used when `loss_type="ipo"`)
+        > IPO masking loss (docs/ipo_loss.md; used when `loss_type="ipo"`)
 
         loss_type (`str`, *optional*, defaults to `"dapo"`):
-            One of TRL's loss types (`"grpo"`, `"bnpo"`, `"dr_grpo"`, `"dapo"`, `"cispo"`, `"sapo"`, `"luspo"`,
-            `"vespo"`) or `"ipo"`: keep a token iff `|p − p_old| <= ipo_threshold`, cap the ratio at
-            `ipo_ratio_cap`, normalise by the number of loss tokens (as `"dapo"`).
+            A loss of the registry `trl_ext.losses.LOSSES`: TRL's (`"grpo"`, `"bnpo"`, `"dr_grpo"`, `"dapo"`,
+            `"cispo"`, `"sapo"`, `"luspo"`, `"vespo"`) or `"ipo"`: keep a token iff `|p − p_old| <= ipo_threshold`,
+            cap the ratio at `ipo_ratio_cap`, normalise by the number of loss tokens (as `"dapo"`).
         ipo_threshold (`float`, *optional*, defaults to `0.3`):
             ε, the largest probability change `|p − p_old|` of a token that still gets a gradient.
         ipo_ratio_cap (`float`, *optional*, defaults to `8.0`):
@@ -111,8 +114,7 @@ class ExtGRPOConfig(GRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"Unknown loss_type={self.loss_type!r}. Set loss_type to one of {list(LOSS_TYPES)}.")
+        get_loss(self.loss_type)  # an unknown loss_type fails here, naming the registered ones
         if not 0.0 < self.ipo_threshold <= 1.0:
             raise ValueError(
                 f"ipo_threshold={self.ipo_threshold} is not a probability difference: set it in (0, 1] "
@@ -140,7 +142,7 @@ class ExtGRPOConfig(GRPOConfig):
                 )
 
 
-class ExtGRPOTrainer(GRPOTrainer):
+class ExtGRPOTrainer(TRLSeam):
     """`trl.GRPOTrainer` plus the IPO loss, per-token advantages and the `process_scored_batch` hook.
 
     Use it exactly like `GRPOTrainer`; pass an [`ExtGRPOConfig`] (a plain `GRPOConfig` works for TRL's loss types).
@@ -152,10 +154,10 @@ class ExtGRPOTrainer(GRPOTrainer):
         if args is None:
             name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "") or "model"
             args = ExtGRPOConfig(f"{name.rstrip('/').split('/')[-1]}-GRPO")
-        if args.loss_type == "ipo" and not isinstance(args, ExtGRPOConfig):
-            raise TypeError("loss_type='ipo' needs the IPO settings: pass args=trl_ext.ExtGRPOConfig(...).")
-        if args.loss_type not in LOSS_TYPES:
-            raise ValueError(f"Unknown loss_type={args.loss_type!r}. Set loss_type to one of {list(LOSS_TYPES)}.")
+        if get_loss(args.loss_type).compute is not None and not isinstance(args, ExtGRPOConfig):
+            raise TypeError(
+                f"loss_type={args.loss_type!r} needs trl-ext's settings: pass args=trl_ext.ExtGRPOConfig(...)."
+            )
         with _vllm_dtype(getattr(args, "vllm_dtype", "auto")):
             super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         # Monitors passed as callbacks= would run after the trackers; move them ahead so alerts reach wandb & co.
@@ -163,6 +165,11 @@ class ExtGRPOTrainer(GRPOTrainer):
 
         if any(isinstance(cb, MonitorCallback) for cb in self.callback_handler.callbacks):
             add_monitors(self)
+
+    @property
+    def loss_spec(self) -> LossSpec:
+        """The registry entry (`trl_ext.losses.LOSSES`) of this trainer's ``loss_type``."""
+        return get_loss(self.loss_type)
 
     # ------------------------------------------------------------------------------------------------------------
     # The hook
@@ -176,8 +183,9 @@ class ExtGRPOTrainer(GRPOTrainer):
         - replace ``batch["advantages"]`` (``(B,)``) by a ``(B, T)`` tensor of per-token advantages aligned with
           ``batch["completion_ids"]``;
         - add ``batch["loss_weights"]``, a ``(B, T)`` tensor ≥ 0 multiplying each token's policy loss (folded
-          into the advantages, which is exact for every loss type since each is linear in the advantage for a
-          non-negative weight; the KL and τ penalties stay unweighted);
+          into the advantages for TRL's loss types, which is exact for their policy term since each is linear in
+          the advantage for a non-negative weight, though TRL's KL penalty stays unweighted; trl-ext's registered
+          losses such as ``"ipo"`` weight each token's whole loss, the τ and KL penalties included);
         - change the rows: return any number N of rows, where every value is an N-row tensor, a 0-dim tensor, a
           length-N list or None. Rows are padded afterwards (zero loss) so that N is a multiple of
           ``steps_per_generation`` and equal on every rank, and ``num_items_in_batch`` is recomputed. Log-prob
@@ -197,11 +205,10 @@ class ExtGRPOTrainer(GRPOTrainer):
         """
         return batch
 
-    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        batch = super()._generate_and_score_completions(inputs)
-        batch["rewards"] = self._local_rewards(len(inputs))
+    def after_scoring(self, batch: dict[str, Any], scope: BatchScope) -> dict[str, Any]:
+        batch["rewards"] = self._local_rewards(scope, len(scope.inputs))
         rows = batch["completion_ids"]
-        batch = self.process_scored_batch(batch, inputs)
+        batch = self.process_scored_batch(batch, scope.inputs)
         if batch["completion_ids"] is not rows:
             self._relog_sampling_metrics(batch)
         return self._pad_rows(batch)
@@ -236,15 +243,10 @@ class ExtGRPOTrainer(GRPOTrainer):
             else:
                 metrics[name].append(value.item())
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        # Keep TRL's gathered (all ranks) per-function rewards so the hook can see this rank's rewards.
-        self._rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        return self._rewards_per_func
-
-    def _local_rewards(self, num_local: int) -> torch.Tensor:
+    def _local_rewards(self, scope: BatchScope, num_local: int) -> torch.Tensor:
         """This rank's rows of the weighted total reward TRL just computed, ``(B,)``; NaN where unscorable."""
         start = self.accelerator.process_index * num_local
-        local = self._rewards_per_func[start : start + num_local]
+        local = scope.rewards_per_func[start : start + num_local]
         total = (local * self.reward_weights.to(local.device).unsqueeze(0)).nansum(dim=1)
         total[torch.isnan(local).all(dim=1)] = float("nan")
         return total
@@ -271,7 +273,7 @@ class ExtGRPOTrainer(GRPOTrainer):
                     "process_scored_batch returned 0 rows on this rank: return at least one row (rows are padded "
                     "by copying real rows with their loss masked)."
                 )
-            if self._entropy_bonus_enabled and self.loss_type in ROW_MEAN_LOSS_TYPES:
+            if self._entropy_bonus_enabled and self.loss_spec.normalization == "rows":
                 raise ValueError(
                     f"Padding rows with loss_type={self.loss_type!r} and TRL's entropy bonus would rescale the "
                     "bonus: set entropy_coef=0.0 (and use_adaptive_entropy=False), or use a token-normalised loss "
@@ -293,20 +295,20 @@ class ExtGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     # Loss
     # ------------------------------------------------------------------------------------------------------------
-    def _compute_loss(self, model, inputs):
-        inputs = _fold_loss_weights(inputs)
-        if self.loss_type == "ipo":
-            return self._compute_ipo_loss(model, inputs)
-        loss = super()._compute_loss(model, inputs)
+    def compute_policy_loss(self, model, inputs):
+        if self.loss_spec.compute is not None:
+            return self._compute_registered_loss(model, inputs)
+        loss = super().compute_policy_loss(model, _fold_loss_weights(inputs))
         padding = inputs.get("is_padding_row")
-        if self.loss_type in ROW_MEAN_LOSS_TYPES and padding is not None and padding.any():
+        if self.loss_spec.normalization == "rows" and padding is not None and padding.any():
             # TRL averages these losses over rows; padding rows add 0 but count, so undo their dilution.
             real_rows = (~padding).sum().clamp(min=1)
             loss = loss * (padding.numel() / real_rows)
         return loss
 
-    def _compute_ipo_loss(self, model, inputs: dict[str, Any]) -> torch.Tensor:
-        """SPEC §3 on TRL's batch: log-probs from TRL's forward, loss from `ipo_loss`, normalised like ``dapo``."""
+    def _compute_registered_loss(self, model, inputs: dict[str, Any]) -> torch.Tensor:
+        """A trl-ext loss of the registry on TRL's batch: log-probs from TRL's forward, the loss from the spec's pure
+        function with ``loss_weights`` on each token's whole loss, normalised like ``dapo``."""
         mode = "train" if self.model.training else "eval"
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
@@ -350,15 +352,16 @@ class ExtGRPOTrainer(GRPOTrainer):
         normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
         if mode == "train":
             normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
-        loss, metrics = ipo_loss(
+        weights = inputs.get("loss_weights")
+        spec = self.loss_spec
+        loss, metrics = spec.compute(
             per_token_logps,
             old_logps,
             advantages,
             loss_mask,
-            threshold=self.args.ipo_threshold,
-            ratio_cap=self.args.ipo_ratio_cap,
-            kl_tau=self.args.ipo_kl_tau,
             normalizer=normalizer,
+            weights=weights,
+            **spec.settings_from(self.args),
         )
 
         if self.beta != 0.0:
@@ -366,7 +369,8 @@ class ExtGRPOTrainer(GRPOTrainer):
             per_token_kl = torch.exp(ref_logps - per_token_logps) - (ref_logps - per_token_logps) - 1
             if self.args.use_bias_correction_kl:
                 per_token_kl = per_token_kl * torch.exp(per_token_logps - old_logps).nan_to_num(0.0)
-            loss = loss + self.beta * (per_token_kl * mask).sum() / normalizer
+            weighted_kl = per_token_kl if weights is None else per_token_kl * weights
+            loss = loss + self.beta * (weighted_kl * mask).sum() / normalizer
             self._metrics[mode]["kl"].append(self._global_mean((per_token_kl * mask).sum(), mask.sum()))
         if self.aux_loss_enabled:
             accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
@@ -374,9 +378,9 @@ class ExtGRPOTrainer(GRPOTrainer):
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
 
         self._metrics[mode]["entropy"].append(self._global_mean((entropies * mask).sum(), mask.sum()))
-        num_tokens = metrics["num_tokens"]
-        for name in ("masked_ratio", "capped_ratio", "ratio_mean"):
-            self._metrics[mode][f"ipo/{name}"].append(self._global_mean(metrics[name] * num_tokens, num_tokens))
+        num_tokens = metrics.pop("num_tokens")
+        for name, value in metrics.items():
+            self._metrics[mode][f"{spec.name}/{name}"].append(self._global_mean(value * num_tokens, num_tokens))
         return loss
 
     def _global_mean(self, local_sum: torch.Tensor, local_count: torch.Tensor) -> float:

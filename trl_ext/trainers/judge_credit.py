@@ -1,5 +1,5 @@
 """`JudgeCreditTrainer`: an LLM judge marks token spans of each rollout; its credit is added to the per-token
-advantage under a λ cap (SPEC §2).
+advantage under a λ cap (docs/judge_credit.md).
 
 The trainer is thin; the method lives in `trl_ext.judge`. Per generation batch:
 
@@ -44,6 +44,7 @@ from ..judge.markers import build_marked_trace
 from ..judge.tools import TOOL_NAMES, ReplSandbox
 from ..rlm.sandbox import SandboxArguments, isolation_report, resolve_isolation
 from .ext_grpo import ExtGRPOConfig, ExtGRPOTrainer
+from .trl_seam import BatchScope, GeneratedBatch
 
 logger = logging.getLogger(__name__)
 
@@ -51,11 +52,11 @@ AUDIT_FILE = "judge_audit.jsonl"
 
 
 @dataclass
-class JudgeCreditConfig(ExtGRPOConfig, SandboxArguments):
+class JudgeCreditConfig(SandboxArguments, ExtGRPOConfig):
     r"""
     Configuration for [`JudgeCreditTrainer`]: every field of [`ExtGRPOConfig`], plus the span judge.
 
-    Defaults follow SPEC §2's reference run: `loss_type="ipo"` and `scale_rewards="none"` (Dr. GRPO, `A = r −
+    Defaults follow the reference run of docs/judge_credit.md: `loss_type="ipo"` and `scale_rewards="none"` (Dr. GRPO, `A = r −
     mean(group)`).
 
     Parameters:
@@ -66,7 +67,7 @@ class JudgeCreditConfig(ExtGRPOConfig, SandboxArguments):
             0.25 nudges (judge ≈ 6 % of the advantage mass), 1.0 ≈ 20 %. 0 turns the credit off while the judge
             still runs and is audited (shadow mode).
         label_scores (`dict[str, float]` or `str`, *optional*):
-            Label -> score (a dict or its JSON). Defaults to SPEC §2: `verified_correction` +1.0, `key_progress`
+            Label -> score (a dict or its JSON). Defaults (docs/judge_credit.md): `verified_correction` +1.0, `key_progress`
             +0.5, `original_error` −1.0, `dependent_error` −0.5, `wasteful_loop` −0.25.
         marker_every (`int`, *optional*, defaults to `64`):
             Token markers `⟦i⟧` go at every line start and every `marker_every` tokens inside long lines.
@@ -109,19 +110,21 @@ class JudgeCreditConfig(ExtGRPOConfig, SandboxArguments):
 
     loss_type: str = field(
         default="ipo",
-        metadata={"help": "Policy loss; SPEC §2's reference run uses 'ipo' (SPEC §3). Any ExtGRPOConfig loss works."},
+        metadata={
+            "help": "Policy loss; the judge blog's reference run uses 'ipo' (docs/ipo_loss.md). Any registered loss works."
+        },
     )
     scale_rewards: str = field(
         default="none",
         metadata={
             "help": "Reward scaling of the group advantage. 'none' is Dr. GRPO (A = r − mean(group)), the outcome "
-            "advantage SPEC §2 adds the judge's credit to; 'group' and 'batch' divide by a std."
+            "advantage the judge's credit is added to (docs/judge_credit.md); 'group' and 'batch' divide by a std."
         },
     )
     judge_lambda: float = field(
         default=0.25,
         metadata={
-            "help": "λ cap: per rollout, if mean |c_t| over completion tokens exceeds λ the credit is scaled by "
+            "help": "λ cap: per rollout, if mean |c_t| over the completion tokens the judge read (EOS excluded) exceeds λ the credit is scaled by "
             "λ / mean|c|. 0.25 nudges (≈ 6 % of advantage mass), 1.0 ≈ 20 %. 0 gives zero credit while the judge "
             "still runs and is audited (a shadow mode to inspect a judge before trusting it)."
         },
@@ -129,7 +132,7 @@ class JudgeCreditConfig(ExtGRPOConfig, SandboxArguments):
     label_scores: dict | str | None = field(
         default=None,
         metadata={
-            "help": "Label -> score, as a dict or a JSON string. Default (SPEC §2): verified_correction 1.0, "
+            "help": "Label -> score, as a dict or a JSON string. Default (docs/judge_credit.md): verified_correction 1.0, "
             "key_progress 0.5, original_error -1.0, dependent_error -0.5, wasteful_loop -0.25."
         },
     )
@@ -230,7 +233,9 @@ class JudgeCreditConfig(ExtGRPOConfig, SandboxArguments):
                 f"judge_lambda={self.judge_lambda} must be >= 0: 0.25 nudges, 1.0 is strong, 0 disables the credit."
             )
         if isinstance(self.marker_every, bool) or not isinstance(self.marker_every, int) or self.marker_every < 1:
-            raise ValueError(f"marker_every={self.marker_every!r} must be an integer >= 1 (SPEC §2 uses ~64).")
+            raise ValueError(
+                f"marker_every={self.marker_every!r} must be an integer >= 1 (the method uses ~64, docs/judge_credit.md)."
+            )
         for name in ("judge_max_concurrency",):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1.")
@@ -259,7 +264,7 @@ class JudgeCreditConfig(ExtGRPOConfig, SandboxArguments):
         if self.scale_rewards != "none":
             logger.warning(
                 "JudgeCreditConfig: scale_rewards=%r divides the outcome advantage by a std, so λ is no longer "
-                "relative to Dr. GRPO's A = r − mean(group) as in SPEC §2. Set scale_rewards='none' to match it.",
+                "relative to Dr. GRPO's A = r − mean(group) as in docs/judge_credit.md. Set scale_rewards='none' to match it.",
                 self.scale_rewards,
             )
 
@@ -298,6 +303,15 @@ class _PendingJudgement:
     start_seconds: float = 0.0  # main-thread time spent marking the traces and submitting the calls
 
 
+@dataclass
+class JudgeBatchScope(BatchScope):
+    """One generation batch of `JudgeCreditTrainer`: the judge calls in flight, and the verifier's rewards computed
+    right after generation (reused when TRL scores the batch)."""
+
+    pending: _PendingJudgement | None = None
+    verifier_values: list[float] | None = None
+
+
 class _CachedReward:
     """Stands in for the verifier reward function inside TRL's `_calculate_rewards`, returning the values the
     trainer computed right after generation (so the function runs once per batch)."""
@@ -315,7 +329,7 @@ class _CachedReward:
 
 
 class JudgeCreditTrainer(ExtGRPOTrainer):
-    """GRPO with token-span LLM-judge credit (SPEC §2): ``A_t = A + cap_λ(c)_t``.
+    """GRPO with token-span LLM-judge credit (docs/judge_credit.md): ``A_t = A + cap_λ(c)_t``.
 
     Use like `trl.GRPOTrainer` with a [`JudgeCreditConfig`]. Extra keyword argument ``judge``: a ready
     `trl_ext.judge.SpanJudge` to use instead of the one built from the config (e.g. with a custom Python sandbox).
@@ -373,9 +387,6 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
             rank = self.accelerator.process_index
             name = AUDIT_FILE if rank == 0 else AUDIT_FILE.replace(".jsonl", f".rank{rank}.jsonl")
             self._audit = JudgeAuditLog(os.path.join(args.output_dir, name))
-        self._judge_inputs: list[dict[str, Any]] | None = None
-        self._pending: _PendingJudgement | None = None
-        self._verifier_cache: list[float] | None = None
 
     @property
     def judge_audit_path(self) -> str | None:
@@ -408,31 +419,30 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     # Starting the judge as early as TRL's flow allows
     # ------------------------------------------------------------------------------------------------------------
-    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        self._judge_inputs, self._pending, self._verifier_cache = inputs, None, None
-        try:
-            return super()._generate_and_score_completions(inputs)
-        finally:
-            if self._pending is not None:  # an exception left calls in flight: do not leak them into the next batch
-                for future in self._pending.futures:
-                    future.cancel()
-            self._judge_inputs, self._pending, self._verifier_cache = None, None, None
+    def on_batch_end(self, scope: JudgeBatchScope) -> None:
+        super().on_batch_end(scope)
+        if scope.pending is not None:  # an exception left calls in flight: do not leak them into the next batch
+            for future in scope.pending.futures:
+                future.cancel()
 
-    def _generate(self, prompts: list):
-        output = super()._generate(prompts)
-        if self._judging() and self._verdict_index is not None and self._judge_inputs is not None:
-            completion_ids_list, completions, extra_fields = output[1], output[3], output[5]
-            values = self._run_verifier(prompts, completions, completion_ids_list, extra_fields)
-            self._verifier_cache = values
-            name = self.reward_func_names[self._verdict_index]
-            self._pending = self._start_judge(
-                prompts, completion_ids_list, self._judge_inputs, [_verdict_text(name, v) for v in values]
+    def on_generated(self, prompts: list, generated: GeneratedBatch, scope: JudgeBatchScope) -> None:
+        """Run the verifier and start the judge on the raw rollouts, before TRL decodes and scores them."""
+        super().on_generated(prompts, generated, scope)
+        if self._judging() and self._verdict_index is not None:
+            values = self._run_verifier(
+                scope.inputs, prompts, generated.completions, generated.completion_ids, generated.extra_fields
             )
-        return output
+            scope.verifier_values = values
+            name = self.reward_func_names[self._verdict_index]
+            scope.pending = self._start_judge(
+                prompts, generated.completion_ids, scope.inputs, [_verdict_text(name, v) for v in values]
+            )
 
-    def _run_verifier(self, prompts: list, completions: list, completion_ids_list: list, extra_fields: dict) -> list:
+    def _run_verifier(
+        self, inputs: list, prompts: list, completions: list, completion_ids_list: list, extra_fields: dict
+    ) -> list:
         """Call the verifier reward function on this rank's rollouts, with the kwargs TRL would pass it."""
-        rows = [dict(row) for row in self._judge_inputs]
+        rows = [dict(row) for row in inputs]
         for i, row in enumerate(rows):  # TRL merges rollout_func extra fields into the rows before scoring
             for key, values in (extra_fields or {}).items():
                 if isinstance(values, list):
@@ -459,21 +469,23 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
             )
         return values
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        cached, self._verifier_cache = self._verifier_cache, None
+    def compute_rewards(self, inputs, prompts, completions, completion_ids_list):
+        scope = self.batch_scope
+        cached, scope.verifier_values = scope.verifier_values, None
         if cached is not None:
             index = self._verdict_index
             original = self.reward_funcs[index]
             self.reward_funcs[index] = _CachedReward(cached, self.reward_func_names[index])
             try:
-                rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+                rewards_per_func = super().compute_rewards(inputs, prompts, completions, completion_ids_list)
             finally:
                 self.reward_funcs[index] = original
         else:
-            rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        if self._judging() and self._pending is None:
-            totals = self._local_rewards(len(prompts)).tolist()
-            self._pending = self._start_judge(
+            rewards_per_func = super().compute_rewards(inputs, prompts, completions, completion_ids_list)
+        if self._judging() and scope.pending is None:
+            scope.rewards_per_func = rewards_per_func
+            totals = self._local_rewards(scope, len(prompts)).tolist()
+            scope.pending = self._start_judge(
                 prompts, completion_ids_list, inputs, [_verdict_text("reward", v) for v in totals]
             )
         return rewards_per_func
@@ -522,7 +534,8 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
         mode = "train" if self.model.training else "eval"
         completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]
         num_rows, length = completion_ids.shape
-        pending, self._pending = self._pending, None
+        scope = self.batch_scope
+        pending, scope.pending = scope.pending, None
         if pending is None or not self._aligned(pending, completion_ids):
             if pending is not None:
                 logger.warning("Judge calls do not match the scored batch's rows; judging the batch again.")
@@ -539,7 +552,11 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
             if verdict.ok and verdict.spans:
                 credit[row] = span_credit(verdict.spans, length, self.judge.label_scores)
         loss_mask = completion_mask if batch.get("tool_mask") is None else completion_mask * batch["tool_mask"]
-        credit = cap_credit(credit, loss_mask.cpu(), self.args.judge_lambda)
+        # The cap's mean |c| runs over the tokens the judge read: the trailing EOS/pad it never sees is left out.
+        judged = torch.zeros(num_rows, length, dtype=loss_mask.dtype)
+        for row, ids in enumerate(pending.completion_ids):
+            judged[row, : len(ids)] = 1
+        credit = cap_credit(credit, loss_mask.cpu() * judged, self.args.judge_lambda)
         advantages = batch["advantages"]
         credit = credit.to(device=advantages.device, dtype=advantages.dtype)
         if advantages.dim() == 1:

@@ -1,4 +1,4 @@
-"""`RLMTTrainer`: GRPO where the policy plans in ``<think>`` and a reward model scores the response only (SPEC §5).
+"""`RLMTTrainer`: GRPO where the policy plans in ``<think>`` and a reward model scores the response only (docs/rlmt.md).
 
 A thin subclass of `ExtGRPOTrainer` (so the IPO loss and monitors compose with it). It does three things, all built
 from the pure pieces in `trl_ext.rewards.rlmt`:
@@ -36,6 +36,7 @@ from ..rewards.rlmt import (
     stop_token_cut,
 )
 from .ext_grpo import ExtGRPOConfig, ExtGRPOTrainer
+from .trl_seam import BatchScope
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class RLMTConfig(ExtGRPOConfig):
     )
     malformed_margin: float = field(default=1.0, metadata={"help": "See malformed_reward."})
 
-    # Paper defaults (SPEC §5) overriding GRPOConfig's.
+    # Paper defaults (docs/rlmt.md) overriding GRPOConfig's.
     temperature: float = field(default=0.7, metadata={"help": "Sampling temperature (RLMT paper: 0.7)."})
     beta: float = field(default=0.001, metadata={"help": "KL coefficient (RLMT paper: 0.001)."})
 
@@ -150,8 +151,16 @@ class RLMTConfig(ExtGRPOConfig):
             self.generation_kwargs = generation_kwargs
 
 
+@dataclass
+class RLMTBatchScope(BatchScope):
+    """One generation batch of `RLMTTrainer`: completions cut at a stop string, out of all generated."""
+
+    stop_cut: int = 0
+    stop_total: int = 0
+
+
 class RLMTTrainer(ExtGRPOTrainer):
-    """GRPO with thinking before the response and a reward model that scores the response only (SPEC §5).
+    """GRPO with thinking before the response and a reward model that scores the response only (docs/rlmt.md).
 
     Use it like `GRPOTrainer`. With ``reward_funcs=None`` the reward is a `RewardModelScorer` built from
     ``args.reward_model_name_or_path``; any TRL reward functions may be passed instead (e.g. a
@@ -161,6 +170,8 @@ class RLMTTrainer(ExtGRPOTrainer):
     Metrics added: ``rlmt/stop_cut_ratio`` (completions cut at a stop string) and, from the scorers,
     ``<scorer name>/malformed_ratio`` and ``<scorer name>/response_score_mean``.
     """
+
+    batch_scope_class = RLMTBatchScope
 
     def __init__(
         self,
@@ -212,7 +223,6 @@ class RLMTTrainer(ExtGRPOTrainer):
                 eval_dataset = {key: self._format(value, args) for key, value in eval_dataset.items()}
             else:
                 eval_dataset = self._format(eval_dataset, args)
-        self._stop_counts = [0, 0]
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *pargs, **kwargs)
 
     @staticmethod
@@ -233,10 +243,9 @@ class RLMTTrainer(ExtGRPOTrainer):
             original_prompt_column=ORIGINAL_PROMPT_COLUMN,
         )
 
-    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        completion_ids, logprobs = super()._generate_single_turn(
-            prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-        )
+    def postprocess_samples(self, completion_ids: list, logprobs: list | None) -> tuple[list, list | None]:
+        """Cut every completion at its first stop string (the sampler may run past it), with its log-probs."""
+        completion_ids, logprobs = super().postprocess_samples(completion_ids, logprobs)
         stops = self.args.stop_strings
         if not stops:
             return completion_ids, logprobs
@@ -254,16 +263,18 @@ class RLMTTrainer(ExtGRPOTrainer):
                 new_logprobs.append(list(logprobs[row])[: len(ids)])
         # Counted here, logged once per generation batch (this method may run a different number of times per rank
         # in TRL's tool loop, so no collective call belongs here).
-        self._stop_counts[0] += cut_count
-        self._stop_counts[1] += len(completion_ids)
+        scope = self.batch_scope
+        scope.stop_cut += cut_count
+        scope.stop_total += len(completion_ids)
         return new_ids, new_logprobs
 
-    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        self._stop_counts = [0, 0]
-        batch = super()._generate_and_score_completions(inputs)
+    def after_scoring(self, batch: dict[str, Any], scope: RLMTBatchScope) -> dict[str, Any]:
+        batch = super().after_scoring(batch, scope)
         if self.args.stop_strings:
             mode = "train" if self.model.training else "eval"
-            counts = torch.tensor(self._stop_counts, dtype=torch.float32, device=self.accelerator.device)
+            counts = torch.tensor(
+                [scope.stop_cut, scope.stop_total], dtype=torch.float32, device=self.accelerator.device
+            )
             totals = self.accelerator.reduce(counts, reduction="sum")
             self._metrics[mode]["rlmt/stop_cut_ratio"].append((totals[0] / totals[1].clamp(min=1.0)).item())
         return batch

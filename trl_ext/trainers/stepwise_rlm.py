@@ -1,4 +1,4 @@
-"""`StepwiseRLMTrainer`: Recursive-Language-Model rollouts trained turn by turn (SPEC §1.2-1.3).
+"""`StepwiseRLMTrainer`: Recursive-Language-Model rollouts trained turn by turn (docs/stepwise_rlm.md).
 
 Flow of one generation batch (each rank, its own B = prompts × G rows):
 
@@ -27,9 +27,9 @@ import torch
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad, use_adapter
 
-from ..advantages import broadcast_advantages, stepwise_loss_weights, trained_node_weights
-from ..losses import importance_sampling_ratio
-from ..rlm import RLMEngine, RLMScaffoldConfig, RLMTask, RolloutTree, canonical_rollout_order
+from ..advantages import broadcast_advantages, stepwise_loss_weights
+from ..losses import LOSSES, get_loss, importance_sampling_ratio
+from ..rlm import EngineStats, RLMEngine, RLMScaffoldConfig, RLMTask, RolloutTree, canonical_rollout_order
 from ..rlm.generators import (
     CanonicalOrderGenerator,
     TransformersGenerator,
@@ -37,25 +37,37 @@ from ..rlm.generators import (
     VLLMServerGenerator,
 )
 from ..rlm.sandbox import SandboxArguments, isolation_report, resolve_isolation
+from ..rlm.scaffold import ScaffoldArguments
 from .ext_grpo import ExtGRPOConfig, ExtGRPOTrainer
+from .trl_seam import BatchScope
 
 logger = logging.getLogger(__name__)
 
-# Losses normalised by the generation batch's token count (`num_items_in_batch`): the "subtree" weights are exact.
-TOKEN_SUM_LOSS_TYPES = ("dapo", "cispo", "vespo", "ipo")
+# Deprecated alias: the losses normalised by the window's token count, where the "subtree" weights are exact (the
+# registry `trl_ext.losses.LOSSES` is the home: `normalization == "tokens"`).
+TOKEN_SUM_LOSS_TYPES = tuple(name for name, spec in LOSSES.items() if spec.normalization == "tokens")
 
 
 @dataclass
-class StepwiseRLMConfig(ExtGRPOConfig, SandboxArguments):
+class RLMBatchScope(BatchScope):
+    """One generation batch of `StepwiseRLMTrainer`: the rollout trees (in batch order) and the engine's counters."""
+
+    trees: list[RolloutTree] = field(default_factory=list)
+    stats: EngineStats | None = None
+
+
+@dataclass
+class StepwiseRLMConfig(ScaffoldArguments, SandboxArguments, ExtGRPOConfig):
     r"""
     Configuration for [`StepwiseRLMTrainer`]: every field of [`ExtGRPOConfig`] plus the RLM scaffold.
 
     Parameters:
-        > Scaffold limits (SPEC §1.1)
+        > RLM scaffold (docs/rlm_scaffold.md)
 
-        max_turns, max_depth, max_children, max_total_children:
-            turns per node; deepest child depth (`rlm_query` degrades to `llm_query` there); children one
-            `rlm_query_batched` call may start; children in one root's tree.
+        max_turns, max_depth, max_children, max_total_children, max_llm_queries, max_prompt_tokens, max_batch_size,
+        max_batch_wait_s, rlm_helpers, rlm_system_prompt, rlm_first_user_prompt, rlm_user_prompt, ...: every
+        setting of `trl_ext.rlm.RLMScaffoldConfig` (`trl_ext.rlm.scaffold.ScaffoldArguments`): limits under their
+        own names, prompt templates as ``rlm_<template>`` (None keeps the built-in one).
 
         > REPL sandbox (docs/security.md)
 
@@ -63,41 +75,33 @@ class StepwiseRLMConfig(ExtGRPOConfig, SandboxArguments):
         ...: every field of `trl_ext.rlm.SandboxLimits` as ``repl_<name>``. The default isolation is the strongest
         the host allows (``"auto"``); ``repl_isolation="strict"`` refuses to start without Linux namespaces.
 
-        > Training samples (SPEC §1.2-1.3)
+        > Training samples (docs/stepwise_rlm.md)
 
         train_children (`bool`, defaults to `True`): train the child nodes' turns too (False: root turns only).
         child_sampling (`str`, defaults to `"all"`): `"all"` children with 1/k weights, or `"one"` uniformly drawn
             child per parent (weight 1, unbiased, cheaper, noisier).
-        rlm_loss_normalization (`str`, defaults to `"subtree"`): `"subtree"` = SPEC §1.3 exactly (needs a loss
+        rlm_loss_normalization (`str`, defaults to `"subtree"`): `"subtree"` = the 1/k_g loss of docs/stepwise_rlm.md exactly (needs a loss
             normalised by the batch's token count: `dapo`, `cispo`, `vespo` or `ipo`); `"token"` = every turn an
             ordinary row under the loss type's own normalisation (for `dapo`/`ipo`: the plain token mean).
 
-        > Data and prompts
+        > Data
 
         context_column (`str`, defaults to `"context"`): dataset column holding each task's REPL `context`.
-        rlm_system_prompt, rlm_first_user_prompt, rlm_user_prompt: override the scaffold's templates.
         save_rollout_trees (`bool`, defaults to `True`): write every tree as JSON lines under
             `output_dir/rlm_trees/` (the completions table links to them).
     """
 
-    max_turns: int = field(default=10, metadata={"help": "RLM: turns per node before it ends without an answer."})
-    max_depth: int = field(
-        default=1, metadata={"help": "RLM: deepest child depth; at it, rlm_query degrades to llm_query (0: none)."}
-    )
-    max_children: int = field(default=4, metadata={"help": "RLM: children one rlm_query_batched call may start."})
-    max_total_children: int = field(default=64, metadata={"help": "RLM: child budget of one root's whole tree."})
     train_children: bool = field(default=True, metadata={"help": "Train the turns of child RLMs, not only roots'."})
     child_sampling: str = field(
         default="all", metadata={"help": "'all' children with 1/k weights, or 'one' drawn child per parent."}
     )
     rlm_loss_normalization: str = field(
         default="subtree",
-        metadata={"help": "'subtree' (SPEC §1.3, 1/k_g weighting) or 'token' (plain token mean over all actions)."},
+        metadata={
+            "help": "'subtree' (1/k_g weighting, docs/stepwise_rlm.md) or 'token' (plain token mean over all actions)."
+        },
     )
     context_column: str = field(default="context", metadata={"help": "Dataset column with each task's context."})
-    rlm_system_prompt: str | None = field(default=None, metadata={"help": "Override the RLM system prompt."})
-    rlm_first_user_prompt: str | None = field(default=None, metadata={"help": "Override the turn-0 user prompt."})
-    rlm_user_prompt: str | None = field(default=None, metadata={"help": "Override the later turns' user prompt."})
     save_rollout_trees: bool = field(
         default=True, metadata={"help": "Write each rollout tree as JSON lines under output_dir/rlm_trees/."}
     )
@@ -108,7 +112,7 @@ class StepwiseRLMConfig(ExtGRPOConfig, SandboxArguments):
             raise ValueError(f"child_sampling={self.child_sampling!r}: set 'all' (1/k weights) or 'one'.")
         if self.rlm_loss_normalization not in ("subtree", "token"):
             raise ValueError(f"rlm_loss_normalization={self.rlm_loss_normalization!r}: set 'subtree' or 'token'.")
-        if self.rlm_loss_normalization == "subtree" and self.loss_type not in TOKEN_SUM_LOSS_TYPES:
+        if self.rlm_loss_normalization == "subtree" and get_loss(self.loss_type).normalization != "tokens":
             raise ValueError(
                 f"rlm_loss_normalization='subtree' needs a loss normalised by the batch's token count, not "
                 f"loss_type={self.loss_type!r}: set loss_type to one of {list(TOKEN_SUM_LOSS_TYPES)}, or "
@@ -117,23 +121,12 @@ class StepwiseRLMConfig(ExtGRPOConfig, SandboxArguments):
         self.scaffold_config()  # validates the scaffold limits now, with the scaffold's own messages
 
     def scaffold_config(self) -> RLMScaffoldConfig:
-        overrides = {
-            "system_prompt": self.rlm_system_prompt,
-            "first_user_prompt": self.rlm_first_user_prompt,
-            "user_prompt": self.rlm_user_prompt,
-        }
-        return RLMScaffoldConfig(
-            max_turns=self.max_turns,
-            max_depth=self.max_depth,
-            max_children=self.max_children,
-            max_total_children=self.max_total_children,
-            sandbox=self.sandbox_limits(),
-            **{key: value for key, value in overrides.items() if value is not None},
-        )
+        """The `RLMScaffoldConfig` of these settings, with the ``repl_<name>`` sandbox limits."""
+        return ScaffoldArguments.scaffold_config(self, self.sandbox_limits())
 
 
 class StepwiseRLMTrainer(ExtGRPOTrainer):
-    """Stepwise RLM training: every turn of every node a training row, children weighted 1/k (SPEC §1.2-1.3).
+    """Stepwise RLM training: every turn of every node a training row, children weighted 1/k (docs/stepwise_rlm.md).
 
     Use like `GRPOTrainer`; the dataset needs a ``prompt`` column (the task) and, optionally, the context column
     (``context`` by default; without it the prompt is the context). Reward functions receive each root's final
@@ -146,6 +139,8 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
     ``repl/truncated_answers`` (final answers cut to ``repl_max_answer_chars``),
     ``rlm/padding_rows``.
     """
+
+    batch_scope_class = RLMBatchScope
 
     def __init__(self, model, reward_funcs=None, args: StepwiseRLMConfig | None = None, *pargs, **kwargs):
         if kwargs.get("rollout_func") is not None:
@@ -162,8 +157,7 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
         resolve_isolation(self._rlm_config.sandbox)  # isolation="strict" fails now; "auto" warns once if weaker
         self.sandbox_info = isolation_report(self._rlm_config.sandbox)  # written to the run info
         self._rlm_rng = random.Random(args.seed + self.accelerator.process_index)
-        self._rlm_trees: list[RolloutTree] = []
-        self._rlm_inputs: list[dict[str, Any]] = []
+        self.last_rollout_trees: list[RolloutTree] = []  # the trees of the last generation batch (for inspection)
 
     # ------------------------------------------------------------------------------------------------ rollouts
     def make_generator(self):
@@ -180,13 +174,10 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
         # Requests arrive in the order the REPL cells finished; sorting them makes the samples a function of the seed.
         return CanonicalOrderGenerator(generator)
 
-    def _generate_and_score_completions(self, inputs):
-        self._rlm_inputs = inputs  # the rollout function needs the context column, which TRL does not pass it
-        return super()._generate_and_score_completions(inputs)
-
     def run_rollouts(self, prompts: list[Any]) -> dict[str, list]:
         """Run one RLM tree per prompt; return TRL's rollout dict with each root's final answer as completion."""
-        contexts = [row.get(self.args.context_column) for row in self._rlm_inputs]
+        scope = self.batch_scope  # TRL passes the rollout function the prompts only; the context column is here
+        contexts = [row.get(self.args.context_column) for row in scope.inputs]
         if len(contexts) != len(prompts):
             contexts = [None] * len(prompts)
         tasks = [RLMTask(prompt=_task_text(prompt), context=context) for prompt, context in zip(prompts, contexts)]
@@ -198,9 +189,9 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
         finally:
             self.model.train(was_training)
         # Interchangeable rollouts of one example in a canonical order, so the same seed gives the same batch.
-        trees = [trees[i] for i in canonical_rollout_order(trees, self._rlm_inputs, self.args.context_column)]
-        self._rlm_trees = trees
-        self._rlm_stats = engine.stats
+        trees = [trees[i] for i in canonical_rollout_order(trees, scope.inputs, self.args.context_column)]
+        scope.trees, scope.stats = trees, engine.stats
+        self.last_rollout_trees = trees
         eos = self.processing_class.eos_token_id
         answers = [tree.final_answer for tree in trees]
         completion_ids = [
@@ -230,9 +221,9 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
                 handle.write(json.dumps(tree.to_dict(self.processing_class), ensure_ascii=False) + "\n")
         return [f"{path}#{start + index}" for index in range(len(trees))]
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        # SPEC §1.1: a root that never answered gets reward 0, whatever the reward functions make of "".
+    def compute_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards = super().compute_rewards(inputs, prompts, completions, completion_ids_list)
+        # docs/rlm_scaffold.md: a root that never answered gets reward 0, whatever the reward functions make of "".
         has_answer = torch.tensor([bool(row.get("rlm_has_answer", True)) for row in inputs], device=rewards.device)
         has_answer = self.accelerator.gather(has_answer)
         rewards[~has_answer] = 0.0  # in place: the tensor the base trainer keeps for the hook
@@ -240,7 +231,8 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
 
     # ------------------------------------------------------------------------------------------------ rows
     def process_scored_batch(self, batch: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        trees = self._rlm_trees
+        scope = self.batch_scope
+        trees = scope.trees
         if len(trees) != len(batch["prompt_ids"]):
             raise RuntimeError(
                 f"{len(trees)} rollout trees for {len(batch['prompt_ids'])} rows: rollouts out of sync."
@@ -249,7 +241,7 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
         pad_id = self.processing_class.pad_token_id
         rows = self._turn_rows(trees)
         mode = "train" if self.model.training else "eval"
-        self._log_rlm_metrics(trees, len(rows), mode)
+        self._log_rlm_metrics(trees, scope.stats, len(rows), mode)
 
         prompt_ids = pad([torch.tensor(r["prompt_ids"]) for r in rows], padding_value=pad_id, padding_side="left")
         completion_ids = pad([torch.tensor(r["action_ids"]) for r in rows], padding_value=pad_id)
@@ -287,31 +279,27 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
         """One dict per turn of every trained node, with its root index, node weight and node token count."""
         rows = []
         for root_index, tree in enumerate(trees):
-            weights = trained_node_weights(
-                tree.parents(),
-                train_children=self.args.train_children,
-                child_sampling=self.args.child_sampling,
-                rng=self._rlm_rng,
+            samples = tree.turn_samples(
+                train_children=self.args.train_children, child_sampling=self.args.child_sampling, rng=self._rlm_rng
             )
-            for node in tree.nodes:
-                node_tokens = sum(len(turn.action_ids) for turn in node.turns)
-                if weights[node.id] is None or node_tokens == 0:
+            node_tokens: dict[int, int] = {}
+            for sample in samples:
+                node_tokens[sample.node] = node_tokens.get(sample.node, 0) + len(sample.action_ids)
+            for sample in samples:
+                if not sample.action_ids:
                     continue
-                for turn in node.turns:
-                    if not turn.action_ids:
-                        continue
-                    rows.append(
-                        {
-                            "prompt_ids": turn.prompt_ids,
-                            "action_ids": turn.action_ids,
-                            "logprobs": turn.logprobs,
-                            "root": root_index,
-                            "node": node.id,
-                            "depth": node.depth,
-                            "weight": weights[node.id],
-                            "node_tokens": node_tokens,
-                        }
-                    )
+                rows.append(
+                    {
+                        "prompt_ids": sample.prompt_ids,
+                        "action_ids": sample.action_ids,
+                        "logprobs": sample.logprobs,
+                        "root": root_index,
+                        "node": sample.node,
+                        "depth": sample.depth,
+                        "weight": sample.weight,
+                        "node_tokens": node_tokens[sample.node],
+                    }
+                )
         if not rows:
             raise RuntimeError("No rollout produced a single action token: check the generator.")
         return rows
@@ -349,8 +337,7 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
                 clip_max=self.vllm_importance_sampling_clip_max,
             )
 
-    def _log_rlm_metrics(self, trees: list[RolloutTree], num_rows: int, mode: str) -> None:
-        stats = self._rlm_stats
+    def _log_rlm_metrics(self, trees: list[RolloutTree], stats: EngineStats, num_rows: int, mode: str) -> None:
         nodes = sum(len(tree.nodes) for tree in trees)
         local = torch.tensor(
             [

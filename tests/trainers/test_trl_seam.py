@@ -1,0 +1,143 @@
+"""`trl_ext.trainers.trl_seam`: each override of a TRL private method, exercised against the pinned TRL."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from trl import GRPOTrainer
+
+from trl_ext.losses import LOSSES, LossSpec, register_loss
+from trl_ext.testing import build_tiny_model_and_tokenizer
+from trl_ext.trainers import ExtGRPOConfig, ExtGRPOTrainer, trl_seam
+from trl_ext.trainers.trl_seam import SEAM, BatchScope, GeneratedBatch, TRLSeam, check_trl
+
+from ..utils import cpu_config_kwargs, digit_reward, toy_dataset
+
+
+def test_every_trl_private_override_is_in_the_seam():
+    """Only `TRLSeam` overrides GRPOTrainer's private methods, and it overrides exactly the listed ones."""
+    import trl_ext.trainers as trainers
+
+    private = {name for name in vars(GRPOTrainer) if name.startswith("_") and not name.startswith("__")}
+    assert {name for name in vars(TRLSeam) if name in private} == set(SEAM)
+    for cls in (
+        trainers.ExtGRPOTrainer,
+        trainers.StepwiseRLMTrainer,
+        trainers.JudgeCreditTrainer,
+        trainers.RLMTTrainer,
+    ):
+        assert not {name for name in vars(cls) if name in private}, f"{cls.__name__} overrides TRL internals"
+
+
+def test_check_trl_passes_on_the_pinned_trl_and_names_the_fix_otherwise(monkeypatch):
+    check_trl()
+
+    def changed(self, inputs, extra):  # a TRL whose method grew a parameter
+        return None
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", changed)
+    with pytest.raises(ImportError, match=r"_generate_and_score_completions.*pip install 'trl>=1.16,<1.17'"):
+        check_trl()
+
+
+def test_check_trl_reads_the_generate_tuple(monkeypatch):
+    assert trl_seam._generate_return_names() == tuple(GeneratedBatch.__dataclass_fields__)
+    monkeypatch.setattr(trl_seam, "_generate_return_names", lambda: ("prompt_ids", "completion_ids"))
+    with pytest.raises(ImportError, match="_generate returns"):
+        check_trl()
+
+
+class _RecordingScope(BatchScope):
+    pass
+
+
+class RecordingTrainer(ExtGRPOTrainer):
+    """Records every hook call, in order, with what it received."""
+
+    batch_scope_class = _RecordingScope
+
+    def __init__(self, *args, **kwargs):
+        self.calls: list[tuple[str, object]] = []
+        super().__init__(*args, **kwargs)
+
+    def on_batch_start(self, scope):
+        self.calls.append(("on_batch_start", len(scope.inputs)))
+        super().on_batch_start(scope)
+
+    def on_generated(self, prompts, generated, scope):
+        self.calls.append(("on_generated", generated))
+        super().on_generated(prompts, generated, scope)
+
+    def postprocess_samples(self, completion_ids, logprobs):
+        self.calls.append(("postprocess_samples", len(completion_ids)))
+        # Drop the last token of every completion: TRL must build its batch from what the hook returns.
+        return [list(ids)[:-1] or list(ids) for ids in completion_ids], logprobs
+
+    def compute_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards = super().compute_rewards(inputs, prompts, completions, completion_ids_list)
+        self.calls.append(("compute_rewards", rewards.shape))
+        return rewards + 1.0  # shifted: TRL's advantages and the logged reward must see it
+
+    def after_scoring(self, batch, scope):
+        self.calls.append(("after_scoring", scope.rewards_per_func))
+        return super().after_scoring(batch, scope)
+
+    def on_batch_end(self, scope):
+        self.calls.append(("on_batch_end", None))
+        super().on_batch_end(scope)
+
+    def compute_policy_loss(self, model, inputs):
+        self.calls.append(("compute_policy_loss", inputs["completion_ids"].shape))
+        return super().compute_policy_loss(model, inputs)
+
+
+def test_each_override_reaches_its_hook_in_a_real_training_step(tmp_path):
+    model, tokenizer = build_tiny_model_and_tokenizer(0)
+    config = ExtGRPOConfig(**cpu_config_kwargs(str(tmp_path), max_steps=1))
+    trainer = RecordingTrainer(
+        model, digit_reward, args=config, train_dataset=toy_dataset(), processing_class=tokenizer
+    )
+    trainer.train()
+    names = [name for name, _ in trainer.calls]
+    first = names.index("on_batch_start")
+    assert names[first : first + 5] == [
+        "on_batch_start",
+        "postprocess_samples",
+        "on_generated",
+        "compute_rewards",
+        "after_scoring",
+    ]
+    assert names[first + 5] == "on_batch_end" and "compute_policy_loss" in names[first + 6 :]
+    generated = dict(trainer.calls)["on_generated"]
+    assert isinstance(generated, GeneratedBatch) and len(generated.completion_ids) == len(generated.completions)
+    assert all(isinstance(ids, list) for ids in generated.completion_ids)
+    scope_rewards = dict(trainer.calls)["after_scoring"]
+    assert torch.all(scope_rewards >= 1.0)  # the scope holds what compute_rewards returned
+    assert trainer.state.log_history[0]["reward"] >= 1.0
+    assert trainer._batch_scope is None  # closed after the batch
+    with pytest.raises(RuntimeError, match="only available while"):
+        _ = trainer.batch_scope
+
+
+def test_a_registered_loss_is_used_by_the_trainer(tmp_path):
+    """A config picks a loss of the registry by name: the trainer calls its pure function, no trainer change."""
+    calls = []
+
+    def mean_logp_loss(logps, old_logps, advantages, mask, *, normalizer, weights, scale):
+        calls.append(scale)
+        loss = -(logps * mask).sum() / normalizer * scale
+        return loss, {"num_tokens": mask.sum().float(), "scale": torch.tensor(float(scale))}
+
+    spec = LossSpec("test_mean_logp", "tokens", mean_logp_loss, settings={"scale": "ipo_ratio_cap"})
+    register_loss(spec)
+    try:
+        model, tokenizer = build_tiny_model_and_tokenizer(0)
+        config = ExtGRPOConfig(**cpu_config_kwargs(str(tmp_path), max_steps=1, loss_type="test_mean_logp"))
+        trainer = ExtGRPOTrainer(
+            model, digit_reward, args=config, train_dataset=toy_dataset(), processing_class=tokenizer
+        )
+        trainer.train()
+    finally:
+        del LOSSES["test_mean_logp"]
+    assert calls and all(scale == config.ipo_ratio_cap for scale in calls)
+    assert trainer.state.log_history[0]["test_mean_logp/scale"] == pytest.approx(config.ipo_ratio_cap)

@@ -1,0 +1,196 @@
+"""The seam between trl-ext and TRL: every override of a private method of `trl.GRPOTrainer` lives here.
+
+TRL 1.16 has no public hooks for what trl-ext needs, so `TRLSeam` overrides five of its private methods, once each,
+and turns each into a trl-ext hook with a documented contract. trl-ext's trainers override the hooks, never TRL's
+private methods; the per-batch state the hooks share lives in one `BatchScope` object, not in trainer fields.
+
+| TRL private method | what the override changes, and why | trl-ext hook |
+|---|---|---|
+| ``_generate_and_score_completions`` | opens a `BatchScope` for the batch; hands TRL's scored batch to the hook, which may replace advantages by per-token ones and change the rows (stepwise turns) | `on_batch_start`, `after_scoring`, `on_batch_end` |
+| ``_generate`` | reads TRL's 8-tuple by name (`GeneratedBatch`) so a trainer can start work on the raw rollouts before TRL scores them (the span judge) | `on_generated` |
+| ``_generate_single_turn`` | post-processes the sampled ids of every generation call (RLMT cuts at stop strings) | `postprocess_samples` |
+| ``_calculate_rewards`` | lets a trainer change the rewards per function (RLM roots without an answer get 0; the judge reuses its verifier call) and keeps them in the scope | `compute_rewards` |
+| ``_compute_loss`` | routes the loss through the registry of `trl_ext.losses` (``loss_type="ipo"`` and per-token weights) | `compute_policy_loss` |
+
+`check_trl` runs at import: it checks that the installed TRL has the signatures (and `_generate`'s 8-tuple) this
+module relies on, and fails with the fix (install ``trl>=1.16,<1.17``) otherwise.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import trl
+from trl import GRPOTrainer
+
+__all__ = ["SEAM", "BatchScope", "GeneratedBatch", "TRLSeam", "check_trl"]
+
+# TRL private method -> the parameter names this module calls it with.
+SEAM: dict[str, tuple[str, ...]] = {
+    "_generate_and_score_completions": ("self", "inputs"),
+    "_generate": ("self", "prompts"),
+    "_generate_single_turn": (
+        "self",
+        "prompt_ids",
+        "images",
+        "multimodal_fields",
+        "num_generations",
+        "has_tool_images",
+    ),
+    "_calculate_rewards": ("self", "inputs", "prompts", "completions", "completion_ids_list"),
+    "_compute_loss": ("self", "model", "inputs"),
+}
+
+
+@dataclass
+class GeneratedBatch:
+    """TRL's ``_generate`` output, by name (TRL returns these 8 values as a tuple, in this order)."""
+
+    prompt_ids: list
+    completion_ids: list
+    tool_mask: Any
+    completions: list
+    logprobs: Any
+    extra_fields: dict
+    images: Any
+    tool_images: Any
+
+    @classmethod
+    def from_tuple(cls, values: tuple) -> GeneratedBatch:
+        return cls(*values)
+
+    def to_tuple(self) -> tuple:
+        return tuple(getattr(self, item.name) for item in fields(self))
+
+
+@dataclass
+class BatchScope:
+    """What the hooks of one generation batch share, from `on_batch_start` to `on_batch_end`.
+
+    A trainer that needs more per-batch state subclasses it and sets its ``batch_scope_class``.
+
+    Attributes:
+        inputs: this rank's dataset rows of the batch (dicts of the dataset's columns), in batch order.
+        rewards_per_func: ``(B_all, F)`` rewards of every reward function over all ranks, once computed.
+    """
+
+    inputs: list[dict[str, Any]]
+    rewards_per_func: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def check_trl() -> None:
+    """Fail with the fix when the installed TRL lacks the private methods (and shapes) `TRLSeam` relies on."""
+    problems = []
+    for name, expected in SEAM.items():
+        method = getattr(GRPOTrainer, name, None)
+        if method is None:
+            problems.append(f"GRPOTrainer.{name} is missing")
+            continue
+        params = tuple(inspect.signature(method).parameters)
+        if params != expected:
+            problems.append(f"GRPOTrainer.{name}{params} (expected {expected})")
+    returned = _generate_return_names()
+    expected_names = tuple(item.name for item in fields(GeneratedBatch))
+    if returned is not None and returned != expected_names:
+        problems.append(f"GRPOTrainer._generate returns {returned} (expected {expected_names})")
+    if problems:
+        raise ImportError(
+            f"trl-ext needs TRL 1.16's GRPOTrainer internals, and trl {trl.__version__} differs: "
+            + "; ".join(problems)
+            + ". Install the tested version: pip install 'trl>=1.16,<1.17'."
+        )
+
+
+def _generate_return_names() -> tuple[str, ...] | None:
+    """The names in ``GRPOTrainer._generate``'s final ``return a, b, ...``; None when its source is unavailable."""
+    try:
+        source = textwrap.dedent(inspect.getsource(GRPOTrainer._generate))
+    except (OSError, TypeError):
+        return None
+    returns = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Return)]
+    if not returns or not isinstance(returns[-1].value, ast.Tuple):
+        return ()
+    return tuple(elt.id if isinstance(elt, ast.Name) else ast.unparse(elt) for elt in returns[-1].value.elts)
+
+
+check_trl()
+
+
+class TRLSeam(GRPOTrainer):
+    """`trl.GRPOTrainer` with its private methods turned into trl-ext hooks (see the module docstring).
+
+    Every hook's default leaves TRL's behaviour unchanged.
+    """
+
+    batch_scope_class: type[BatchScope] = BatchScope
+    _batch_scope: BatchScope | None = None
+
+    @property
+    def batch_scope(self) -> BatchScope:
+        """The current generation batch's `BatchScope` (only while TRL generates and scores a batch)."""
+        if self._batch_scope is None:
+            raise RuntimeError("batch_scope is only available while a generation batch is generated and scored.")
+        return self._batch_scope
+
+    # ---------------------------------------------------------------------------------------------- hooks
+    def on_batch_start(self, scope: BatchScope) -> None:
+        """Called before TRL generates the batch of ``scope.inputs``."""
+
+    def on_generated(self, prompts: list, generated: GeneratedBatch, scope: BatchScope) -> None:
+        """Called with this rank's raw rollouts, before TRL decodes and scores them. May not change them."""
+
+    def postprocess_samples(self, completion_ids: list, logprobs: list | None) -> tuple[list, list | None]:
+        """Change the token ids (and their log-probs) of one generation call; the default keeps them."""
+        return completion_ids, logprobs
+
+    def compute_rewards(self, inputs, prompts, completions, completion_ids_list):
+        """``(B_all, F)`` rewards of every reward function over all ranks; the default is TRL's."""
+        return GRPOTrainer._calculate_rewards(self, inputs, prompts, completions, completion_ids_list)
+
+    def after_scoring(self, batch: dict[str, Any], scope: BatchScope) -> dict[str, Any]:
+        """Transform TRL's scored batch (rewards and group advantages final) before TRL shuffles and splits it."""
+        return batch
+
+    def on_batch_end(self, scope: BatchScope) -> None:
+        """Called when the batch is done, also after an exception (release what the batch started)."""
+
+    def compute_policy_loss(self, model, inputs: dict[str, Any]):
+        """The loss of one micro-batch; the default is TRL's for ``args.loss_type``."""
+        return GRPOTrainer._compute_loss(self, model, inputs)
+
+    # ---------------------------------------------------------------------------------------------- overrides
+    def _generate_and_score_completions(self, inputs):
+        scope = self._batch_scope = self.batch_scope_class(inputs=inputs)
+        try:
+            self.on_batch_start(scope)
+            batch = super()._generate_and_score_completions(inputs)
+            return self.after_scoring(batch, scope)
+        finally:
+            self.on_batch_end(scope)
+            self._batch_scope = None
+
+    def _generate(self, prompts):
+        generated = GeneratedBatch.from_tuple(super()._generate(prompts))
+        if self._batch_scope is not None:
+            self.on_generated(prompts, generated, self._batch_scope)
+        return generated.to_tuple()
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        completion_ids, logprobs = super()._generate_single_turn(
+            prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+        )
+        return self.postprocess_samples(completion_ids, logprobs)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = self.compute_rewards(inputs, prompts, completions, completion_ids_list)
+        if self._batch_scope is not None:
+            self._batch_scope.rewards_per_func = rewards_per_func
+        return rewards_per_func
+
+    def _compute_loss(self, model, inputs):
+        return self.compute_policy_loss(model, inputs)
