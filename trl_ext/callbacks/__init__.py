@@ -1,4 +1,9 @@
-"""Training monitors (clip rate / IPO mask, entropy and KL, reward) and the run-health plot (SPEC §4).
+"""Training monitors (clip rate / IPO mask, entropy and KL, reward) and the run-health plot (docs/monitoring.md).
+
+- `trl_ext.callbacks.rules`: the rules as pure functions over metric series, and the monitors' settings.
+- `trl_ext.callbacks.alerts`: the alert texts as data (meaning, what to check, message template).
+- `trl_ext.callbacks.monitors`: the `TrainerCallback`s that feed the logs to the rules and act on the alerts.
+- `trl_ext.callbacks.plotting`: `plot_run`, one PNG of a run's health.
 
 Names resolve lazily: `plot_run` (and the ``trl-ext plot`` command) do not import transformers, and the monitors
 do not import matplotlib.
@@ -13,9 +18,13 @@ _LAZY = {
     "EntropyMonitor": "trl_ext.callbacks.monitors",
     "RewardMonitor": "trl_ext.callbacks.monitors",
     "MonitorCallback": "trl_ext.callbacks.monitors",
-    "MonitorAlert": "trl_ext.callbacks.monitors",
     "default_monitors": "trl_ext.callbacks.monitors",
     "add_monitors": "trl_ext.callbacks.monitors",
+    "MonitorAlert": "trl_ext.callbacks.alerts",
+    "ALERTS": "trl_ext.callbacks.alerts",
+    "ClipRateMonitorConfig": "trl_ext.callbacks.rules",
+    "EntropyMonitorConfig": "trl_ext.callbacks.rules",
+    "RewardMonitorConfig": "trl_ext.callbacks.rules",
     "plot_run": "trl_ext.callbacks.plotting",
     "find_trainer_state": "trl_ext.callbacks.plotting",
 }

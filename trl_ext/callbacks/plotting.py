@@ -16,13 +16,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .alerts import ALERT_KEY_PREFIX
+from .rules import CLIP_METRICS, ClipRateMonitorConfig, EntropyMonitorConfig
+
 TRAINER_STATE_NAME = "trainer_state.json"
-ALERT_KEY_PREFIX = "monitor/alerts/"  # same as trl_ext.callbacks.monitors (not imported: it pulls in transformers)
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-_DEFAULT_BAND = (0.01, 0.20)
 
 # The panel and the metric (first present) where a rule's marker goes; every alert also gets a line across panels.
-_CLIP_KEYS = ("ipo/masked_ratio", "clip_ratio/region_mean")  # the order ClipRateMonitor picks its metric in
+_CLIP_KEYS = CLIP_METRICS  # in the order ClipRateMonitor picks its metric
 _RULE_MARKER = {
     "clip_rate_high": ("clip", _CLIP_KEYS),
     "clip_rate_low": ("clip", _CLIP_KEYS),
@@ -179,9 +180,15 @@ def plot_run(output_dir: str | os.PathLike[str], out: str | os.PathLike[str] | N
     clip_args, clip_state = _monitor_entry(state, "ClipRateMonitor")
     aggregate = clip_state.get("aggregate", 1)
     aggregate = aggregate if isinstance(aggregate, int) and aggregate > 1 else 1
-    band = (clip_args.get("healthy_min", _DEFAULT_BAND[0]), clip_args.get("healthy_max", _DEFAULT_BAND[1]))
+    # The monitors' settings saved with the run; their defaults for a run without them.
+    clip_defaults, entropy_defaults = ClipRateMonitorConfig(), EntropyMonitorConfig()
+    band = (
+        clip_args.get("healthy_min", clip_defaults.healthy_min),
+        clip_args.get("healthy_max", clip_defaults.healthy_max),
+    )
     entropy_args, _ = _monitor_entry(state, "EntropyMonitor")
-    entropy_floor, kl_max = entropy_args.get("entropy_floor", 0.03), entropy_args.get("kl_max", 1.0)
+    entropy_floor = entropy_args.get("entropy_floor", entropy_defaults.entropy_floor)
+    kl_max = entropy_args.get("kl_max", entropy_defaults.kl_max)
 
     for ax, panel in zip(axes, panels):
         scale = 100.0 if panel in _PERCENT_PANELS else 1.0
@@ -237,7 +244,8 @@ def plot_run(output_dir: str | os.PathLike[str], out: str | os.PathLike[str] | N
             ax.plot(steps, values, color="C2", lw=1.6, label="entropy")
             if _finite(entropy_floor):
                 ax.axhline(entropy_floor, color="0.4", ls=":", lw=1, label=f"floor {entropy_floor:g}")
-            baseline_logs, max_drop = entropy_args.get("baseline_logs", 5), entropy_args.get("max_drop", 0.9)
+            baseline_logs = entropy_args.get("baseline_logs", entropy_defaults.baseline_logs)
+            max_drop = entropy_args.get("max_drop", entropy_defaults.max_drop)
             if _finite(max_drop) and isinstance(baseline_logs, int) and len(values) >= baseline_logs > 0:
                 limit = (1 - max_drop) * statistics.median(values[:baseline_logs])
                 ax.axhline(limit, color="C2", ls=":", lw=1, label=f"collapse: -{100 * max_drop:g}% of early level")

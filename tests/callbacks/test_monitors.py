@@ -1,4 +1,5 @@
-"""Tests of the training monitors (SPEC §4): each rule on synthetic logs, the callback plumbing, real GRPO runs."""
+"""Tests of the training monitors (docs/monitoring.md): each rule through its monitor on synthetic logs, the
+settings, the callback plumbing, real GRPO runs. The pure rules alone: test_rules.py."""
 
 from __future__ import annotations
 
@@ -17,10 +18,14 @@ from transformers import TrainerControl, TrainerState
 from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback, TrainerCallback
 
 from trl_ext.callbacks import (
+    ALERTS,
     ClipRateMonitor,
+    ClipRateMonitorConfig,
     EntropyMonitor,
+    EntropyMonitorConfig,
     MonitorAlert,
     RewardMonitor,
+    RewardMonitorConfig,
     add_monitors,
     default_monitors,
 )
@@ -240,7 +245,7 @@ def test_missing_none_nan_and_eval_keys_leave_the_rules_idle():
     assert fired(feed(monitor, sequence)) == [("clip_rate_high", 7)]
     entropy, reward = EntropyMonitor(), RewardMonitor()
     assert feed(entropy, sequence) == [] and feed(reward, sequence) == []
-    assert entropy.monitor_state["series"] == {} and reward.monitor_state["series"] == {}
+    assert entropy.monitor_state["memory"] == {} and reward.monitor_state["memory"] == {}
 
 
 def test_an_alert_fires_once_per_episode_and_rearms_after_clearing():
@@ -388,6 +393,32 @@ def test_invalid_settings_name_the_value_and_the_fix(factory, error, pattern):
         factory()
 
 
+def test_a_monitor_takes_a_config_or_its_fields_as_keywords():
+    config = ClipRateMonitorConfig(healthy_max=0.15, patience=2)
+    by_config, by_keywords = (
+        ClipRateMonitor(config, action="stop"),
+        ClipRateMonitor(healthy_max=0.15, patience=2, action="stop"),
+    )
+    assert by_config.config == by_keywords.config == config and by_config._config() == by_keywords._config()
+    assert by_config.healthy_max == 0.15 and by_config.window == 10  # settings read as attributes
+    overridden = ClipRateMonitor(config, patience=4)
+    assert (overridden.config.patience, overridden.config.healthy_max, config.patience) == (4, 0.15, 2)
+    # The exported arguments rebuild the same monitor (what transformers does on resume).
+    assert ClipRateMonitor(**by_config.state()["args"])._config() == by_config._config()
+    assert EntropyMonitor(EntropyMonitorConfig(kl_max=0.5)).kl_max == 0.5
+    assert RewardMonitor(RewardMonitorConfig(min_rise=2.0)).config.min_rise == 2.0
+    with pytest.raises(TypeError, match=r"unknown setting\(s\) 'low'; the settings of ClipRateMonitor are metric"):
+        ClipRateMonitor(low=0.1)
+    with pytest.raises(TypeError, match=r"config=.* must be a ClipRateMonitorConfig"):
+        ClipRateMonitor(EntropyMonitorConfig())
+    with pytest.raises(AttributeError, match="no attribute 'no_such_setting'"):
+        _ = by_config.no_such_setting
+
+
+def test_every_rule_of_a_monitor_has_its_alert_texts():
+    assert {rule for cls in (ClipRateMonitor, EntropyMonitor, RewardMonitor) for rule in cls.rules} == set(ALERTS)
+
+
 def test_default_monitors_recommended_set():
     clip, entropy, reward = default_monitors()
     assert (type(clip), type(entropy), type(reward)) == (ClipRateMonitor, EntropyMonitor, RewardMonitor)
@@ -476,7 +507,9 @@ def test_on_train_begin_restores_the_checkpoint_entry_and_resets_a_fresh_run():
     fresh = EntropyMonitor(entropy_floor=0.1, floor_patience=1)
     fresh.on_train_begin(off_policy_args(), resumed, TrainerControl())
     assert fresh.monitor_state == saved["attributes"]["monitor_state"]
-    assert fresh.alert_counts["entropy_collapse"] == 1 and fresh.monitor_state["series"]["entropy"] == [1.0, 0.9, 0.05]
+    assert fresh.alert_counts["entropy_collapse"] == 1 and fresh.monitor_state["memory"]["entropy_collapse"][
+        "recent"
+    ] == [1.0, 0.9, 0.05]
     # A single saved entry is restored even when a threshold changed for the resumed run.
     single = TrainerState(global_step=3, stateful_callbacks={"EntropyMonitor": saved})
     stricter = EntropyMonitor(entropy_floor=0.2, floor_patience=1)
@@ -488,7 +521,7 @@ def test_on_train_begin_restores_the_checkpoint_entry_and_resets_a_fresh_run():
     assert newcomer.monitor_state["last_step"] == -1
     # A new run (global step 0) forgets everything.
     fresh.on_train_begin(off_policy_args(), TrainerState(), TrainerControl())
-    assert fresh.alert_counts["entropy_collapse"] == 0 and fresh.monitor_state["series"] == {}
+    assert fresh.alert_counts["entropy_collapse"] == 0 and fresh.monitor_state["memory"] == {}
 
 
 def test_add_monitors_puts_them_before_the_reporting_callbacks():
@@ -670,8 +703,7 @@ def test_resume_from_a_checkpoint_restores_the_monitor_state(tmp_path):
     # The rolling windows are those of the logs up to step 6: replay them through a fresh monitor.
     replay = EntropyMonitor()
     feed(replay, [h for h in json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]])
-    assert probe.snapshot[1]["series"] == replay.monitor_state["series"]
-    assert probe.snapshot[1]["entropy_baseline"] == replay.monitor_state["entropy_baseline"]
+    assert probe.snapshot[1]["memory"] == replay.monitor_state["memory"]  # windows, streaks, early level
     # The alert fired before the checkpoint is remembered: counted once, not raised again after the resume.
     assert probe.snapshot[1]["alert_counts"]["entropy_collapse"] == 1
     assert second[1].alert_counts["entropy_collapse"] == 1 and second[1].alerts[0]["step"] == collapse_step

@@ -1,0 +1,308 @@
+"""Tests of the pure monitor rules (trl_ext.callbacks.rules) on hand-made series, and of the alert texts as data."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from trl_ext.callbacks import rules
+from trl_ext.callbacks.alerts import ALERTS, MonitorAlert, format_alert, format_pct
+from trl_ext.callbacks.rules import (
+    ClipRateMonitorConfig,
+    EntropyMonitorConfig,
+    Finding,
+    RewardMonitorConfig,
+)
+
+CLIP = ClipRateMonitorConfig()
+ENTROPY = EntropyMonitorConfig()
+REWARD = RewardMonitorConfig()
+IN_BAND = [0.05, 0.06, 0.04, 0.05, 0.055, 0.045, 0.05, 0.06]
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def run(rule, values, config, **kwargs):
+    """The rule over ``values`` at steps 1, 2, ...: its findings as (step, value) pairs."""
+    result = rule(values, range(1, len(values) + 1), config, **kwargs)
+    return [(f.step, f.value) for f in result.findings]
+
+
+def steps_of(rule, values, config, **kwargs):
+    return [step for step, _ in run(rule, values, config, **kwargs)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ClipRateMonitor's rules
+
+
+def test_clip_rate_high_fires_from_the_patience_th_value_above_the_band():
+    assert steps_of(rules.clip_rate_high, IN_BAND + [0.35, 0.4, 0.38, 0.41], CLIP) == [11, 12]
+    findings = rules.clip_rate_high([0.3, 0.3, 0.3], [7, 8, 9], CLIP).findings
+    assert findings == [Finding("clip_rate_high", 9, 0.3, facts={"streak": 3})]
+    # Not consecutive, or exactly at the band's edge: no finding.
+    assert run(rules.clip_rate_high, [0.35, 0.35, 0.05, 0.35, 0.35, 0.05], CLIP) == []
+    assert run(rules.clip_rate_high, [0.2] * 10, CLIP) == []
+
+
+def test_clip_rate_low_needs_a_nonzero_value_in_the_run_and_an_off_policy_run():
+    values = [0.05, 0.004, 0.003, 0.005, 0.004]
+    assert steps_of(rules.clip_rate_low, values, CLIP) == [4, 5]
+    assert run(rules.clip_rate_low, values, CLIP, off_policy=False) == []
+    assert run(rules.clip_rate_low, [0.0] * 8, CLIP) == []  # all exactly 0: clip_rate_stuck_zero's
+    assert steps_of(rules.clip_rate_low, [0.003, 0.0, 0.0], CLIP) == [3]  # one non-zero value suffices
+    assert run(rules.clip_rate_low, [0.005, 0.02, 0.005, 0.02], CLIP) == []
+
+
+def test_clip_rate_stuck_zero_counts_exact_zeros_off_policy():
+    assert steps_of(rules.clip_rate_stuck_zero, [0.0] * 6, CLIP) == [5, 6]
+    assert rules.clip_rate_stuck_zero([0.0] * 5, range(5), CLIP).findings[-1].facts == {"streak": 5}
+    assert run(rules.clip_rate_stuck_zero, [0.0] * 6, CLIP, off_policy=False) == []
+    assert run(rules.clip_rate_stuck_zero, [0.0, 0.0, 0.0, 0.0, 0.001, 0.0], CLIP) == []
+    tolerant = ClipRateMonitorConfig(zero_atol=0.001)
+    assert steps_of(rules.clip_rate_stuck_zero, [0.0, 0.0, 0.0, 0.0, 0.001, 0.0], tolerant) == [5, 6]
+
+
+def test_clip_rate_drop_against_the_median_of_an_established_in_band_level():
+    (finding,) = rules.clip_rate_drop(IN_BAND + [0.011], range(1, 10), CLIP).findings
+    assert (finding.step, finding.value, finding.facts) == (9, 0.011, {"reference": 0.05})
+    assert run(rules.clip_rate_drop, IN_BAND + [0.014], CLIP) == []  # above a quarter of 0.05
+    assert run(rules.clip_rate_drop, [0.005, 0.006, 0.004, 0.005, 0.005, 0.006, 0.0], CLIP) == []  # below the band
+    assert run(rules.clip_rate_drop, [0.05, 0.05, 0.001], CLIP) == []  # fewer than min_history values before
+
+
+def test_clip_rate_jump_that_stays_in_the_band():
+    findings = rules.clip_rate_jump(IN_BAND + [0.16, 0.17, 0.16, 0.18], range(1, 13), CLIP).findings
+    assert [(f.step, f.facts["streak"]) for f in findings] == [(11, 3), (12, 4)]
+    assert findings[0].facts["reference"] == pytest.approx(0.05)  # the median the jump started from
+    assert run(rules.clip_rate_jump, IN_BAND + [0.19, 0.05, 0.05, 0.19, 0.05], CLIP) == []  # single spikes
+    assert run(rules.clip_rate_jump, IN_BAND + [0.3, 0.3, 0.3, 0.3], CLIP) == []  # past the band: clip_rate_high
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# EntropyMonitor's rules
+
+
+def test_entropy_collapse_below_the_floor():
+    config = EntropyMonitorConfig(entropy_floor=0.03, floor_patience=2, max_drop=None)
+    findings = rules.entropy_collapse([0.5, 0.4, 0.02, 0.01], range(1, 5), config).findings
+    assert [(f.step, f.variant, f.value, f.facts["streak"]) for f in findings] == [(4, "floor", 0.01, 2)]
+    assert run(rules.entropy_collapse, [0.5, 0.02, 0.5, 0.02, 0.5], config) == []
+    assert run(rules.entropy_collapse, [0.02] * 5, EntropyMonitorConfig(entropy_floor=None, max_drop=None)) == []
+
+
+def test_entropy_collapse_relative_to_its_early_level():
+    config = EntropyMonitorConfig(entropy_floor=None, max_drop=0.9, baseline_logs=5, smoothing=3)
+    entropies = [0.8, 0.82, 0.79, 0.81, 0.8, 0.6, 0.3, 0.1, 0.07, 0.06, 0.06]
+    result = rules.entropy_collapse(entropies, range(1, 12), config)
+    # median of the last 3 below 10 % of 0.8 from the 10th log (median 0.07)
+    assert [(f.step, f.variant, f.value) for f in result.findings] == [(10, "drop", 0.07), (11, "drop", 0.06)]
+    assert result.findings[0].facts["drop_pct"] == pytest.approx(91.25)
+    assert rules.entropy_baseline(result.memory, config) == pytest.approx(0.8)
+    slow = [0.8 * (1 - 0.8 * t / 500) for t in range(500)]  # -80 % over the run
+    assert run(rules.entropy_collapse, slow, ENTROPY) == []
+
+
+def test_kl_spike_absolute_and_relative():
+    relative = EntropyMonitorConfig(kl_max=None, kl_spike_factor=5.0)
+    (finding,) = rules.kl_spike([0.02, 0.021, 0.019, 0.02, 0.022, 0.02, 0.15], range(1, 8), relative).findings
+    assert (finding.step, finding.variant, finding.facts["ratio"]) == (7, "spike", pytest.approx(7.5))
+    absolute = EntropyMonitorConfig(kl_max=0.5, kl_spike_factor=None)
+    assert [f.variant for f in rules.kl_spike([0.1, 0.2, 0.6], range(3), absolute).findings] == ["max"]
+    # KL growing from 0: 400x its median, but below kl_spike_min.
+    assert run(rules.kl_spike, [1e-5, 2e-5, 1e-5, 2e-5, 1e-5, 4e-3, 8e-3, 9e-3], ENTROPY) == []
+    assert run(rules.kl_spike, [0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1], ENTROPY) == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# RewardMonitor's rules
+
+
+def test_reward_collapse_after_a_rise():
+    config = RewardMonitorConfig(smoothing=5, min_rise=0.1, max_drop=0.5, collapse_patience=3)
+    rewards = [0.1] * 5 + [0.3, 0.5, 0.7, 0.7, 0.7, 0.7, 0.7] + [0.1] * 8
+    findings = rules.reward_collapse(rewards, range(1, 21), config).findings
+    # smoothed: peak 0.7 (low 0.1), threshold 0.4; below it from log 15 (0.34): the third such log is 17
+    assert [f.step for f in findings] == [17, 18, 19, 20]
+    assert findings[0].facts["low"] == pytest.approx(0.1) and findings[0].facts["peak"] == pytest.approx(0.7)
+    assert findings[0].value == pytest.approx(0.1)
+    assert run(rules.reward_collapse, [0.3] * 10 + [0.05] * 10, config) == []  # never rose
+
+
+def test_reward_collapse_ignores_a_dip_within_the_noise():
+    def noisy(level, n):
+        return [level + 0.05 * (-1) ** t for t in range(n)]
+
+    rewards = noisy(0.2, 10) + noisy(0.4, 10) + noisy(0.25, 10)  # 75 % of the gain lost, ~3 standard errors
+    assert run(rules.reward_collapse, rewards, REWARD) == []
+    assert run(rules.reward_collapse, rewards, RewardMonitorConfig(min_drop_sigmas=0.0)) != []
+
+
+def test_reward_no_signal():
+    values = [0.5, 0.95, 0.97, 1.0, 0.92, 0.99, 1.0]
+    assert steps_of(rules.reward_no_signal, values, REWARD) == [6, 7]
+    assert run(rules.reward_no_signal, [0.95, 0.97, 0.5, 1.0, 0.92, 0.99, 0.89], REWARD) == []
+    assert run(rules.reward_no_signal, values, RewardMonitorConfig(zero_std_max=None)) == []
+
+
+def test_judge_failure():
+    assert steps_of(rules.judge_failure, [0.05, 0.3, 0.5, 0.6], REWARD) == [3, 4]
+    assert run(rules.judge_failure, [0.05, 0.3, 0.2, 0.5, 0.1], REWARD) == []  # 0.2 is not above 0.2
+    assert run(rules.judge_failure, [0.9] * 5, RewardMonitorConfig(judge_failure_max=None)) == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Memory, episodes
+
+
+SERIES = [
+    (rules.clip_rate_high, CLIP, IN_BAND + [0.35, 0.4, 0.05, 0.3, 0.3, 0.3]),
+    (rules.clip_rate_low, CLIP, [0.05, 0.004, 0.0, 0.0, 0.005, 0.02, 0.004, 0.004, 0.004]),
+    (rules.clip_rate_stuck_zero, CLIP, [0.0] * 4 + [0.01] + [0.0] * 7),
+    (rules.clip_rate_drop, CLIP, IN_BAND + [0.011, 0.05, 0.05, 0.01]),
+    (rules.clip_rate_jump, CLIP, IN_BAND + [0.16, 0.17, 0.05, 0.16, 0.18, 0.17, 0.19]),
+    (rules.entropy_collapse, ENTROPY, [0.8, 0.82, 0.79, 0.81, 0.8, 0.6, 0.3, 0.02, 0.01, 0.06, 0.06]),
+    (rules.kl_spike, ENTROPY, [0.02, 0.021, 0.019, 0.02, 0.022, 0.02, 0.15, 1.5, 0.02]),
+    (rules.reward_collapse, REWARD, [0.1] * 5 + [0.7] * 7 + [0.1] * 8),
+    (rules.reward_no_signal, REWARD, [0.95] * 7 + [0.1] + [1.0] * 6),
+    (rules.judge_failure, REWARD, [0.3, 0.5, 0.1, 0.6, 0.7]),
+]
+
+
+@pytest.mark.parametrize(("rule", "config", "values"), SERIES, ids=[rule.__name__ for rule, _, _ in SERIES])
+def test_continuing_with_the_memory_equals_one_call_over_the_whole_series(rule, config, values):
+    steps = list(range(1, len(values) + 1))
+    whole = rule(values, steps, config)
+    assert whole.findings, "the series must fire somewhere for this test to mean something"
+    memory, findings = None, []
+    for value, step in zip(values, steps):
+        result = rule([value], [step], config, memory)
+        findings += result.findings
+        memory = result.memory
+    assert findings == whole.findings and memory == whole.memory
+    assert all(finding.rule == rule.__name__ for finding in findings)
+
+
+def test_episode_starts_once_per_episode_rearm_and_start_step():
+    steps = list(range(1, 9))
+
+    def starts(condition_steps, **kwargs):
+        findings = [Finding("r", step, 1.0) for step in condition_steps]
+        return [f.step for f in rules.episode_starts(findings, steps, **kwargs).findings]
+
+    assert starts([1, 2, 3, 5, 8], rearm_after=2) == [1, 8]  # one false observation does not end the episode
+    assert starts([1, 2, 3, 5, 8], rearm_after=1) == [1, 5, 8]
+    assert starts([1, 2, 3, 4, 5, 6], start_step=5) == [5]  # silent before start_step, fires at it
+    assert starts([]) == []
+    result = rules.episode_starts([Finding("r", 1, 1.0)], [1, 2], rearm_after=3)
+    assert result.memory == {"active": True, "clear": 1}
+    continued = rules.episode_starts([Finding("r", 3, 1.0)], [3], rearm_after=3, memory=result.memory)
+    assert continued.findings == []  # still the same episode
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Settings
+
+
+@pytest.mark.parametrize("config_class", [ClipRateMonitorConfig, EntropyMonitorConfig, RewardMonitorConfig])
+def test_every_setting_has_help_and_floats_are_normalised(config_class):
+    for setting in dataclasses.fields(config_class):
+        assert setting.metadata.get("help"), setting.name
+    assert dataclasses.asdict(config_class()) == dataclasses.asdict(config_class(**dataclasses.asdict(config_class())))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config_class().__setattr__(dataclasses.fields(config_class)[0].name, 1)
+
+
+def test_config_errors_name_the_value_and_the_fix():
+    assert ClipRateMonitorConfig(healthy_min=0).healthy_min == 0.0 and isinstance(CLIP.healthy_min, float)
+    with pytest.raises(ValueError, match=r"ClipRateMonitorConfig: healthy_max=1\.5 .*pass e\.g\. healthy_max=0\.2"):
+        ClipRateMonitorConfig(healthy_max=1.5)
+    with pytest.raises(TypeError, match=r"EntropyMonitorConfig: kl_metric='' must be a logged key"):
+        EntropyMonitorConfig(kl_metric="")
+    with pytest.raises(ValueError, match=r"RewardMonitorConfig: max_drop=0 must be > 0\.0 and <= 1\.0"):
+        RewardMonitorConfig(max_drop=0)
+
+
+def test_noise_sigma_and_median():
+    assert rules.noise_sigma([1.0, 2.0]) == 0.0
+    assert rules.noise_sigma([0.0, 1.0, 0.0, 1.0]) == pytest.approx(1 / (0.6745 * 2**0.5))
+    assert rules.noise_sigma([float(t) for t in range(10)]) == pytest.approx(1 / (0.6745 * 2**0.5))  # a trend: 1
+    assert rules.median([3.0, 1.0, 2.0]) == 2.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Alert texts
+
+
+def sample_fields(rule):
+    """Every field a template may name, with the monitor's defaults and plausible finding facts."""
+    config = {"clip": CLIP, "entr": ENTROPY, "kl_s": ENTROPY}.get(rule[:4], REWARD)
+    return {
+        **dataclasses.asdict(config),
+        "metric": "clip_ratio/region_mean",
+        "value": 0.5,
+        "streak": 4,
+        "reference": 0.05,
+        "ratio": 7.5,
+        "entropy": 0.01,
+        "baseline": 0.8,
+        "smoothed": 0.07,
+        "drop_pct": 91.25,
+        "low": 0.1,
+        "peak": 0.7,
+        "lost_pct": 80.0,
+        "learning_rate": 3e-5,
+        "gradient_accumulation_steps": 1,
+        "steps_per_generation": 1,
+        "num_iterations": 2,
+        "use_vllm": False,
+    }
+
+
+def test_the_table_covers_every_rule_and_every_template_formats():
+    assert {name for name in dir(rules) if name in ALERTS} == set(ALERTS)  # each rule has its function
+    for rule, text in ALERTS.items():
+        assert text.meaning and text.check
+        for variant in text.variants or [""]:
+            message = format_alert(rule, sample_fields(rule), variant)
+            assert "{" not in message and "}" not in message and "What to do:" in message, rule
+
+
+def test_format_alert_fills_in_what_is_known_about_the_run():
+    fields = sample_fields("clip_rate_high")
+    message = format_alert("clip_rate_high", fields)
+    assert message.startswith("clip rate (clip_ratio/region_mean) 50.0% has been above the healthy band (1.00%–20.0%)")
+    assert "learning_rate=3e-05 too high for 2 update pass(es)" in message and "bf16/fp32" in message
+    unknown = {**fields, "learning_rate": None, "num_iterations": None, "metric": "ipo/masked_ratio"}
+    message = format_alert("clip_rate_high", unknown)
+    assert message.startswith("IPO masked ratio 50.0%") and "the learning rate too high for the update" in message
+    low = format_alert("clip_rate_low", {**fields, "value": 0.004})
+    assert "0.40% has been below" in low and "(gradient_accumulation_steps=1, steps_per_generation=1" in low
+    assert "(gradient_accumulation_steps" not in format_alert(
+        "clip_rate_low", {**fields, "gradient_accumulation_steps": None}
+    )
+    floor = format_alert("entropy_collapse", {**sample_fields("entropy_collapse"), "baseline": None}, "floor")
+    assert "below the floor 0.03 for 4 logs." in floor and "early level" not in floor
+    with pytest.raises(KeyError):
+        format_alert("entropy_collapse", sample_fields("entropy_collapse"), "no such variant")
+
+
+def test_format_pct():
+    assert [format_pct(x) for x in (0.0125, 0.05, 0.2, 1.0)] == ["1.25%", "5.00%", "20.0%", "100.0%"]
+
+
+def test_monitor_alert_reads_its_meaning_from_the_table():
+    alert = MonitorAlert("kl_spike", 3, "kl", 1.5, "warn", "...")
+    assert alert.meaning == ALERTS["kl_spike"].meaning and alert.check == ALERTS["kl_spike"].check
+    assert alert.log_key == "monitor/alerts/kl_spike"
+    assert MonitorAlert("custom_rule", 3, "x", 1.0, "warn", "...").meaning == ""
+
+
+def test_the_docs_describe_every_rule():
+    table = (DOCS / "troubleshooting.md").read_text()
+    documented = set(re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.MULTILINE))
+    assert documented == set(ALERTS)
+    monitoring = (DOCS / "monitoring.md").read_text()
+    assert set(re.findall(r"^### `([a-z_]+)`", monitoring, flags=re.MULTILINE)) == set(ALERTS)

@@ -1,0 +1,264 @@
+"""The monitor alerts as data: for every rule, what it means, what to check first, and its message template.
+
+`ALERTS` is the one home of these texts; docs/troubleshooting.md has the same table for readers. A monitor turns a
+`Finding` of a rule (`trl_ext.callbacks.rules`) into a `MonitorAlert` whose message is `format_alert` of the rule's
+template with the rule's settings, the finding's facts and what the monitor knows about the run (learning rate,
+training arguments). This module imports neither transformers nor matplotlib.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .rules import is_number
+
+ALERT_KEY_PREFIX = "monitor/alerts/"
+
+
+@dataclass(frozen=True)
+class AlertText:
+    """The texts of one rule's alert.
+
+    Attributes:
+        meaning: what the alert says about the run, in one line.
+        check: the first things to look at.
+        message: the logged message (what happened, likely causes, what to do), a `str.format` template over the
+            fields described in `format_alert`.
+        variants: templates of the ``{what}`` field for rules with several conditions, by `Finding.variant`.
+    """
+
+    meaning: str
+    check: str
+    message: str
+    variants: Mapping[str, str] = field(default_factory=dict)
+
+
+# The systematic generator/trainer log-prob mismatches, named by several clip-rate alerts.
+MISMATCH_CAUSES = (
+    "a systematic log-prob mismatch between the generator and the trainer: chat-template mismatch (the trainer "
+    "re-tokenises a prompt the generator did not see, e.g. a different template or a missing generation prompt), "
+    "LoRA adapter not synced to vLLM (the generator samples from the base model or a stale adapter), or a "
+    "bf16/fp32 precision mismatch between generator and trainer (colocated vLLM runs a float32 checkpoint in "
+    "bfloat16 unless vllm_dtype says otherwise)"
+)
+
+ALERTS: dict[str, AlertText] = {
+    "clip_rate_high": AlertText(
+        meaning="the clip rate (TRL's losses) or IPO masked ratio (loss_type ipo) stays above the healthy band "
+        "(20 % by default): the trained policy is far from the one that sampled",
+        check="learning rate vs num_iterations / steps_per_generation; with vLLM, "
+        "sampling/sampling_logp_difference/mean",
+        message="{label} {value:pct} has been above the healthy band ({healthy_min:pct}–{healthy_max:pct}) for "
+        "{streak} observations: the trained policy is far from the one that sampled the tokens. Likely causes: "
+        "{lr_text} too high for {passes} update pass(es) per generation batch; or {mismatch_causes}. What to do: "
+        "lower the learning rate or num_iterations/steps_per_generation; with vLLM compare "
+        "sampling/sampling_logp_difference/mean, check the adapter is pushed to vLLM after every optimizer step, "
+        "and that trainer and generator use the same chat template and dtype (vllm_dtype for colocated vLLM, "
+        "--dtype for trl vllm-serve).",
+    ),
+    "clip_rate_low": AlertText(
+        meaning="below the healthy band (1 % by default) in an off-policy run: updates barely move the policy",
+        check="learning_rate (warm-up?), grad_norm, frac_reward_zero_std",
+        message="{label} {value:pct} has been below the healthy band ({healthy_min:pct}–{healthy_max:pct}) for "
+        "{streak} observations in an off-policy run{policy_facts}: the updates barely move the policy. Likely "
+        "causes: {lr_text} too low or still warming up, vanishing gradients (grad_norm near 0), advantages mostly "
+        "0 (see frac_reward_zero_std). What to do: check learning_rate and grad_norm in the logs, raise the "
+        "learning rate, or set start_step past the warm-up.",
+    ),
+    "clip_rate_stuck_zero": AlertText(
+        meaning="exactly 0 although the run is off-policy: every ratio is 1",
+        check="is the LoRA adapter in the optimizer (model.print_trainable_parameters())? does a custom "
+        "rollout_func return the sampler's logprobs?",
+        message="{label} has been exactly 0 for {streak} observations although the run is off-policy"
+        "{policy_facts}, so every importance ratio is 1. Likely causes: the old log-probs are computed with the "
+        "current weights instead of the sampling ones (custom rollout_func or loss returning the trainer's own "
+        "log-probs; for IPO, the generator's logprobs missing so the trainer's are used), the policy does not move "
+        "({lr_text} is 0 during warm-up or too small to move any token's probability past epsilon, or no parameter "
+        "is trainable - LoRA adapter not attached to the optimizer), the advantages are all 0 "
+        "(frac_reward_zero_std near 1), or the loss ignores the ratio. What to do: check that learning_rate and "
+        "grad_norm are > 0 and frac_reward_zero_std < 1 in the logs, call model.print_trainable_parameters(), and "
+        "check that rollout_func returns the sampler's logprobs.",
+    ),
+    "clip_rate_drop": AlertText(
+        meaning="a sudden fall from an established level",
+        check="did the generator reload other weights? did the schedule reach 0?",
+        message="{label} fell from a rolling median of {reference:pct} to {value:pct} in one observation (below "
+        "{drop_factor:g}x). A sudden drop usually means that the generator and the trainer changed how they score "
+        "tokens relative to each other - {mismatch_causes} appeared or went away (e.g. the generator reloaded other "
+        "weights) - or that the learning-rate schedule reached ~0. What to do: check the generator loaded the "
+        "latest adapter, diff the templates used by trainer and generator, check dtypes, and check learning_rate "
+        "in the logs.",
+    ),
+    "clip_rate_jump": AlertText(
+        meaning="a step change that stays",
+        check="the step in trl-ext plot; what changed there (resume, learning rate, vLLM restart)",
+        message="{label} jumped from a rolling median of {reference:pct} to {value:pct} (>= {jump_factor:g}x) and "
+        "stayed there for {streak} observations. A step change points to {mismatch_causes}, or to a learning-rate "
+        "change ({lr_text}). What to do: find the step where it changed (trl-ext plot), compare the generator's "
+        "and the trainer's log-probs on one batch, and check adapter sync and dtypes.",
+    ),
+    "entropy_collapse": AlertText(
+        meaning="the policy's entropy fell below the floor (0.03 nats by default) or to a tenth of its early level",
+        check="was the cold-start SFT done on the whole RL set (docs/cold_start.md)? learning rate? a hackable "
+        "reward?",
+        message="Entropy collapse: {what}. The policy now puts almost all mass on few tokens, so the completions "
+        "of a group look alike, rewards stop varying and learning stalls. Likely causes: {lr_too_high}; cold-start "
+        "SFT on the full RL dataset instead of a small held-out subset; a reward that repetition or one fixed "
+        "answer can hack; sampling temperature too low. What to do: restart from a checkpoint before the drop with "
+        "a lower learning rate, redo SFT on a few dozen held-out examples, inspect completions "
+        "(log_completions=True), and consider epsilon_high=0.28 (clip-higher) or "
+        "entropy_coef/use_adaptive_entropy.",
+        variants={
+            "floor": "entropy {entropy:.4g} nats has been below the floor {entropy_floor:g} for {streak} logs"
+            "{early_level}",
+            "drop": "entropy (median of the last {smoothing} logs) fell to {smoothed:.4g} nats, {drop_pct:.0f}% "
+            "below its early level {baseline:.4g} (limit {max_drop:.0%})",
+        },
+    ),
+    "kl_spike": AlertText(
+        meaning="the KL to the reference jumped (above kl_max, 1 by default, or 5x its recent median); only with "
+        "beta > 0",
+        check="completions around that step, grad_norm, a batch with extreme advantages",
+        message="KL spike: {what}. The policy moved abruptly away from the reference model. Likely causes: "
+        "{lr_too_high} or a batch with extreme advantages; cold-start SFT on the full dataset (the entropy "
+        "collapses and the KL spikes together); the reference scored differently from the policy (other chat "
+        "template or dtype for the reference, LoRA reference = adapter disabled on a different base); reward "
+        "hacking. What to do: look at the completions around this step, check grad_norm, lower the learning rate "
+        "or raise beta, and check the entropy alert.",
+        variants={
+            "spike": "KL {value:.4g} is {ratio:.1f}x its rolling median {reference:.4g}",
+            "max": "KL {value:.4g} is above kl_max={kl_max:g}",
+        },
+    ),
+    "reward_collapse": AlertText(
+        meaning="the reward rose, then lost more than half of its gain",
+        check="the entropy and KL alerts before it; the reward/judge endpoint's health; reward hacking in the "
+        "completions",
+        message="Reward collapse: the reward (mean of the last {smoothing} logs) rose from {low:.4g} to "
+        "{peak:.4g} and has now been at {value:.4g} for {streak} logs, losing {lost_pct:.0f}% of the gain (limit "
+        "{max_drop:.0%}). Likely causes: an entropy collapse or KL blow-up before it (see those alerts), learning "
+        "rate too high, reward hacking that ends in degenerate outputs, the generator serving a stale or unsynced "
+        "LoRA adapter, or a reward/judge endpoint that started failing. What to do: look at completions before and "
+        "after the peak, check the entropy, KL and clip-rate alerts, and restart from the checkpoint at the peak "
+        "with a lower learning rate.",
+    ),
+    "reward_no_signal": AlertText(
+        meaning="in 90 % or more of the groups every completion got the same reward: advantages are 0",
+        check="print completions with their rewards; does the reward parse the output format?",
+        message="No learning signal: in {value:.0%} of the groups all completions got the same reward "
+        "(frac_reward_zero_std >= {zero_std_max:g} for {streak} logs), so their advantages are 0. Likely causes: "
+        "prompts too hard (all rewards 0) or too easy (all 1) for this model; the reward function fails to parse "
+        "the outputs (answer format, stripped thinking, wrong chat template); too few generations per prompt; "
+        "collapsed entropy or low temperature making the completions identical. What to do: print a few "
+        "completions with their rewards, filter the dataset by pass rate, raise num_generations or the "
+        "temperature.",
+    ),
+    "judge_failure": AlertText(
+        meaning="more than 20 % of rollouts got no judge verdict (judge credit only); the judge's share shrinks "
+        "silently",
+        check="the judge server's logs, judge_audit.jsonl, judge/failure_ratio",
+        message="Judge failures: {value:.0%} of the judge calls failed (above {judge_failure_max:.0%} for {streak} "
+        "logs), and a failed call gives that rollout no token credit, so the judge's share of the advantage "
+        "silently shrinks. Likely causes: the judge endpoint times out or is rate limited, the judge's output is "
+        "not valid span JSON, span quotes do not match the marked trace, or the trace exceeds the judge's context. "
+        "What to do: check the judge server's logs, raise the timeout or lower the concurrency, and test the judge "
+        "prompt on a few traces.",
+    ),
+}
+
+
+def format_pct(x: float) -> str:
+    """A fraction as a percentage: two decimals below 10 %, one above (``0.0125 -> '1.25%'``, ``0.2 -> '20.0%'``)."""
+    return f"{100 * x:.2f}%" if x < 0.1 else f"{100 * x:.1f}%"
+
+
+class _AlertFormatter(string.Formatter):
+    """`str.format` plus the ``pct`` format spec (`format_pct`)."""
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        return format_pct(value) if format_spec == "pct" else super().format_field(value, format_spec)
+
+
+_FORMATTER = _AlertFormatter()
+
+
+def _phrases(fields: Mapping[str, Any]) -> dict[str, str]:
+    """The wording that depends on what is known about the run (an unknown learning rate, no training arguments)."""
+    lr, metric = fields.get("learning_rate"), fields.get("metric")
+    known_lr = is_number(lr)
+    policy = (
+        " (gradient_accumulation_steps={gradient_accumulation_steps}, steps_per_generation={steps_per_generation}, "
+        "num_iterations={num_iterations}, use_vllm={use_vllm})"
+    )
+    return {
+        "label": ("IPO masked ratio" if metric.startswith("ipo/") else f"clip rate ({metric})")
+        if isinstance(metric, str)
+        else "",
+        "lr_text": f"learning_rate={lr:g}" if known_lr else "the learning rate",
+        "lr_too_high": f"learning rate too high (learning_rate={lr:g})" if known_lr else "learning rate too high",
+        "policy_facts": policy.format(**fields) if fields.get("gradient_accumulation_steps") is not None else "",
+        "passes": str(fields.get("num_iterations") or "the"),
+        "early_level": f" (early level {fields['baseline']:.4g})" if fields.get("baseline") is not None else "",
+        "mismatch_causes": MISMATCH_CAUSES,
+    }
+
+
+def format_alert(rule: str, fields: Mapping[str, Any], variant: str = "") -> str:
+    """The message of ``rule``'s alert.
+
+    Args:
+        rule: a key of `ALERTS`.
+        fields: the values the templates name: the monitor's settings (``healthy_max``, ``kl_max``, ...), the
+            finding's ``value`` and facts (``streak``, ``reference``, ...), ``metric`` (the logged key) and the
+            run facts the monitor knows (``learning_rate``, ``gradient_accumulation_steps``,
+            ``steps_per_generation``, ``num_iterations``, ``use_vllm``; absent or None when unknown).
+        variant: the finding's variant, choosing the ``{what}`` wording of rules that have several.
+
+    Raises:
+        KeyError: unknown rule or variant, or a field the template needs is missing.
+    """
+    text = ALERTS[rule]
+    values = {**fields, **_phrases(fields)}
+    if text.variants:
+        values["what"] = _FORMATTER.vformat(text.variants[variant], (), values)
+    return _FORMATTER.vformat(text.message, (), values)
+
+
+@dataclass(frozen=True)
+class MonitorAlert:
+    """One fired alert.
+
+    Attributes:
+        rule: name of the rule, e.g. ``"entropy_collapse"``; the log key is ``monitor/alerts/<rule>``.
+        step: global step of the log that fired it.
+        metric: the logged metric the rule watches, e.g. ``"entropy"``.
+        value: the value that fired it (smoothed or aggregated when the rule smooths).
+        action: ``"warn"``, ``"checkpoint"`` or ``"stop"``.
+        message: what happened, the likely causes and what to do.
+    """
+
+    rule: str
+    step: int
+    metric: str
+    value: float
+    action: str
+    message: str
+
+    @property
+    def log_key(self) -> str:
+        return ALERT_KEY_PREFIX + self.rule
+
+    @property
+    def meaning(self) -> str:
+        """What this rule's alert says about the run, in one line (`ALERTS`; empty for a rule not in it)."""
+        text = ALERTS.get(self.rule)
+        return text.meaning if text else ""
+
+    @property
+    def check(self) -> str:
+        """The first things to look at for this rule (`ALERTS`; empty for a rule not in it)."""
+        text = ALERTS.get(self.rule)
+        return text.check if text else ""
