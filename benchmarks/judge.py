@@ -1,4 +1,4 @@
-"""Span-judge throughput, and the judge's overhead on a training step (SPEC §2, issue: JudgeCreditTrainer).
+"""Span-judge throughput, and the judge's overhead on a training step (docs/judge_credit.md).
 
 1. **Throughput.** 256 rollouts (synthetic math traces of ~300 tokens, tiny tokenizer) are judged by `SpanJudge`
    against a scripted OpenAI-compatible server that answers every call after 200 ms, at concurrency 32 and without

@@ -3,7 +3,7 @@
 Both trainers run the same scripted multi-turn RLM trees (depth 2, uneven children) on the tiny model:
 
 - **stepwise**: `StepwiseRLMTrainer`, one row per turn of every node (each turn's prompt rebuilt: the history is
-  re-encoded every turn, SPEC §1.1).
+  re-encoded every turn, docs/rlm_scaffold.md).
 - **flat**: the same trees flattened into one row per node — the node's first prompt, then its actions and the
   REPL observations between them (observations masked out of the loss with TRL's ``tool_mask``), trained by
   `ExtGRPOTrainer`'s loss on the same advantages. Same action tokens, no repeated history.

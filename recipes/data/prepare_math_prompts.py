@@ -1,5 +1,5 @@
-"""Build the judge-credit recipes' prompt file from DeepScaleR and DAPO-Math (SPEC §2: "filtered DeepScaleR +
-DAPO-Math prompts").
+"""Build the judge-credit recipes' prompt file from DeepScaleR and DAPO-Math (docs/judge_credit.md:
+"filtered DeepScaleR + DAPO-Math prompts").
 
     python recipes/data/prepare_math_prompts.py --out data/math_prompts.jsonl
 
