@@ -24,6 +24,7 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
+from ..hub import METHODS
 from ..losses import ipo_loss, sampling_mismatch
 
 logger = logging.getLogger(__name__)
@@ -147,6 +148,11 @@ class ExtGRPOTrainer(GRPOTrainer):
     Metrics added under the IPO loss: ``ipo/masked_ratio``, ``ipo/capped_ratio``, ``ipo/ratio_mean``. When a
     subclass changes the row count, ``batch/padding_rows`` counts the zero-loss rows added (all ranks).
     """
+
+    # TRL's model card (`create_model_card`, `push_to_hub`) from the method table `trl_ext.hub.METHODS`
+    _tag_names = METHODS["grpo"].tag_names
+    _name = METHODS["grpo"].name
+    _paper = METHODS["grpo"].paper
 
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *pargs, **kwargs):
         if args is None:

@@ -28,6 +28,7 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad, use_adapter
 
 from ..advantages import broadcast_advantages, stepwise_loss_weights, trained_node_weights
+from ..hub import METHODS
 from ..losses import importance_sampling_ratio
 from ..rlm import RLMEngine, RLMScaffoldConfig, RLMTask, RolloutTree
 from ..rlm.generators import TransformersGenerator, VLLMColocateGenerator, VLLMServerGenerator
@@ -141,6 +142,11 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
     ``repl/truncated_answers`` (final answers cut to ``repl_max_answer_chars``),
     ``rlm/padding_rows``.
     """
+
+    # TRL's model card (`create_model_card`, `push_to_hub`) from the method table `trl_ext.hub.METHODS`
+    _tag_names = METHODS["stepwise-rlm"].tag_names
+    _name = METHODS["stepwise-rlm"].name
+    _paper = METHODS["stepwise-rlm"].paper
 
     def __init__(self, model, reward_funcs=None, args: StepwiseRLMConfig | None = None, *pargs, **kwargs):
         if kwargs.get("rollout_func") is not None:
