@@ -79,7 +79,8 @@ class Run:
         saved = json.loads((workdir / f"{name}.json").read_text())
         measured = Measured(**{key: saved[key] for key in Measured.__dataclass_fields__ if key in saved})
         info = json.loads((workdir / name / "trl_ext_run.json").read_text())
-        return cls(measured, info["result"]["before"], info["result"]["after"])
+        result = info["extra"]["result"]  # trl_ext.run_info.RunInfo: the quickstart's result is in `extra`
+        return cls(measured, result["before"], result["after"])
 
     @property
     def gain(self) -> float:

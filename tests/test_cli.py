@@ -179,9 +179,9 @@ def test_quickstart_fast_end_to_end(tmp_path, capsys):
     fast = QuickstartSettings.fast()
     assert info["trainer"] == "StepwiseRLMTrainer" and info["config"]["loss_type"] == "ipo"
     assert info["base_model"] == str(tmp_path / "sft_model")
-    assert info["result"]["train_steps"] == fast.rl_steps
+    assert info["extra"]["result"]["train_steps"] == info["steps"] == fast.rl_steps
     rollouts = fast.num_eval_examples * fast.eval_samples
-    assert info["result"]["before"]["rollouts"] == info["result"]["after"]["rollouts"] == rollouts
+    assert info["extra"]["result"]["before"]["rollouts"] == info["extra"]["result"]["after"]["rollouts"] == rollouts
     for key in ("eval/reward_sft_only", "eval/reward_after_rl"):
         assert 0.0 <= info["metrics"][key] <= 1.0
     adapter = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())

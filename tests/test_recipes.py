@@ -254,7 +254,7 @@ def test_train_command_runs_a_stepwise_recipe_end_to_end(tiny, tmp_path, monkeyp
     assert (output / "adapter_config.json").is_file() and (output / "adapter_model.safetensors").is_file()
     assert not (output / "model.safetensors").exists()
     info = json.loads((output / "trl_ext_run.json").read_text())
-    assert info["method"] == "stepwise_rlm" and info["trainer"] == "StepwiseRLMTrainer"
+    assert info["method"] == "stepwise-rlm" and info["trainer"] == "StepwiseRLMTrainer"
     assert info["steps"] == 1 and info["config"]["loss_type"] == "ipo"
     assert info["reward_funcs"] == ["exact_match_reward"]
     assert "reward" in info["metrics"] and "rlm/turns_mean" in info["metrics"]

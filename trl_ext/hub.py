@@ -2,8 +2,9 @@
 
 Only the adapter goes up, never merged or full weights: ``adapter_config.json``, ``adapter_model.safetensors`` (or
 ``.bin``), the tokenizer files saved next to them (the chat template the adapter was trained with), the run's
-``trl_ext_run.json`` and ``monitors.png``, and a ``README.md`` model card with the base model, the method and its
-sources, the configuration, the final metrics and the monitor alerts.
+``trl_ext_run.json`` and ``monitors.png``, and a ``README.md`` model card: TRL's card (`build_model_card`, from the
+trainer's `_tag_names`/`_name`/`_paper`, which come from `METHODS`) with trl-ext's sections about the method and its
+sources, the configuration, the final metrics, the monitor alerts and the REPL sandbox.
 
 The output directory is the one ``trl-ext quickstart`` or ``trl-ext train`` wrote: the adapter is in
 ``OUTPUT_DIR/adapter/`` (quickstart) or in ``OUTPUT_DIR`` itself (``trainer.save_model(output_dir)``). The upload is
@@ -17,15 +18,20 @@ import json
 import logging
 import os
 import re
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .run_info import RUN_INFO_FILE, RunInfo, read_run_info
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "METHODS",
     "AdapterFiles",
+    "MethodCard",
     "PushError",
     "build_model_card",
     "collect_adapter_files",
@@ -33,7 +39,6 @@ __all__ = [
     "push_adapter",
 ]
 
-RUN_INFO_FILE = "trl_ext_run.json"
 PLOT_FILE = "monitors.png"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
@@ -52,47 +57,128 @@ TOKENIZER_FILES = (
 _FULL_WEIGHTS = re.compile(r"^(model|pytorch_model|tf_model|flax_model)([-.].*)?\.(safetensors|bin|h5|msgpack|pt)$")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
-# Method -> (title, one-line description, sources as (text, url)).
-METHODS: dict[str, tuple[str, str, list[tuple[str, str]]]] = {
-    "stepwise-rlm": (
-        "Stepwise Recursive-Language-Model RL",
-        "RLM rollouts over a persistent Python REPL; every turn of every root and child node is a training sample, "
-        "children weighted 1/k per parent (`trl_ext.StepwiseRLMTrainer`).",
-        [
+
+@dataclass(frozen=True, eq=False)
+class MethodCard:
+    """What the model card and TRL's card machinery say about one trl-ext method.
+
+    The trainer classes take their TRL card attributes from here (``_tag_names = METHODS[...].tag_names``,
+    ``_name``, ``_paper``), so `trainer.create_model_card()` / `trainer.push_to_hub()` and ``trl-ext push`` describe
+    a method from the same entry.
+    """
+
+    tag: str  # the method's Hub tag and its name in trl_ext_run.json
+    name: str  # TRL's `_name`: "This model was trained with <name>"
+    trainer: str  # the trainer class
+    title: str  # heading of the card's method section
+    description: str
+    paper: dict[str, str | None]  # TRL's `_paper`: {"title", "id" (arXiv id or None), "citation" (BibTeX)}
+    sources: tuple[tuple[str, str], ...]  # (text, url or "") listed under the method
+
+    @property
+    def tag_names(self) -> list[str]:
+        """TRL's `_tag_names`: the GRPO trainer's tags, ``trl-ext`` and the method tag."""
+        return list(dict.fromkeys(["trl", "grpo", "trl-ext", self.tag]))
+
+
+_DEEPSEEKMATH = (
+    'Z. Shao et al., "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models", '
+    "arXiv:2402.03300",
+    "https://arxiv.org/abs/2402.03300",
+)
+
+# The one home of the method metadata: trainer attributes, the card's method section and its citations.
+METHODS: dict[str, MethodCard] = {
+    "stepwise-rlm": MethodCard(
+        tag="stepwise-rlm",
+        name="Stepwise RLM",
+        trainer="StepwiseRLMTrainer",
+        title="Stepwise Recursive-Language-Model RL",
+        description="RLM rollouts over a persistent Python REPL; every turn of every root and child node is a "
+        "training sample, children weighted 1/k per parent (`trl_ext.StepwiseRLMTrainer`).",
+        paper={
+            "title": "Reinforcing Recursive Language Models",
+            "id": None,  # a blog post, not on arXiv
+            "citation": textwrap.dedent("""\
+                @misc{kim2026reinforcing,
+                    title        = {{Reinforcing Recursive Language Models}},
+                    author       = {Kim and Ahmad},
+                    year         = 2026,
+                    howpublished = {alphaXiv blog, May 2026},
+                }"""),
+        },
+        sources=(
             ('Kim & Ahmad, "Reinforcing Recursive Language Models", alphaXiv blog, 2026-05', ""),
             ("Zhang, Kraska, Khattab, the RLM scaffold, arXiv:2512.24601", "https://arxiv.org/abs/2512.24601"),
-        ],
+        ),
     ),
-    "judge-credit": (
-        "Token-span LLM-judge credit",
-        "An LLM judge marks token spans of each rollout (progress, errors, corrections); its credit, capped by λ, "
-        "is added to the Dr. GRPO outcome advantage per token (`trl_ext.JudgeCreditTrainer`).",
-        [('"Dear diary, I judged rollouts: how your RL judge affects your model\'s reasoning", blog, 2026', "")],
+    "judge-credit": MethodCard(
+        tag="judge-credit",
+        name="Judge Credit",
+        trainer="JudgeCreditTrainer",
+        title="Token-span LLM-judge credit",
+        description="An LLM judge marks token spans of each rollout (progress, errors, corrections); its credit, "
+        "capped by λ, is added to the Dr. GRPO outcome advantage per token (`trl_ext.JudgeCreditTrainer`).",
+        paper={
+            "title": "Dear diary, I judged rollouts: how your RL judge affects your model's reasoning",
+            "id": None,  # a blog post, not on arXiv
+            "citation": textwrap.dedent("""\
+                @misc{dear_diary_judge2026,
+                    title        = {{Dear diary, I judged rollouts: how your RL judge affects your model's reasoning}},
+                    year         = 2026,
+                    howpublished = {blog post},
+                }"""),
+        },
+        sources=(
+            ('"Dear diary, I judged rollouts: how your RL judge affects your model\'s reasoning", blog, 2026', ""),
+        ),
     ),
-    "rlmt": (
-        "RLMT: reinforcement learning with model-rewarded thinking",
-        "The policy plans in `<think>` before its response; a reward model scores the response only "
+    "rlmt": MethodCard(
+        tag="rlmt",
+        name="RLMT",
+        trainer="RLMTTrainer",
+        title="RLMT: reinforcement learning with model-rewarded thinking",
+        description="The policy plans in `<think>` before its response; a reward model scores the response only "
         "(`trl_ext.RLMTTrainer`).",
-        [
+        paper={
+            "title": "Language Models that Think, Chat Better",
+            "id": "2509.20357",
+            "citation": textwrap.dedent("""\
+                @article{bhaskar2025language,
+                    title        = {{Language Models that Think, Chat Better}},
+                    author       = {Bhaskar, Adithya and Ye, Xi and Chen, Danqi},
+                    year         = 2025,
+                    eprint       = {arXiv:2509.20357},
+                }"""),
+        },
+        sources=(
             (
                 'Bhaskar, Ye, Chen, "Language Models that Think, Chat Better", arXiv:2509.20357',
                 "https://arxiv.org/abs/2509.20357",
-            )
-        ],
+            ),
+        ),
     ),
-    "grpo": (
-        "GRPO (trl-ext ExtGRPOTrainer)",
-        "Group-relative policy optimisation with trl-ext's per-token advantage hook (`trl_ext.ExtGRPOTrainer`).",
-        [
-            (
-                'Z. Shao et al., "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models", '
-                "arXiv:2402.03300",
-                "https://arxiv.org/abs/2402.03300",
-            )
-        ],
+    "grpo": MethodCard(
+        tag="grpo",
+        name="GRPO",
+        trainer="ExtGRPOTrainer",
+        title="GRPO (trl-ext ExtGRPOTrainer)",
+        description="Group-relative policy optimisation with trl-ext's per-token advantage hook "
+        "(`trl_ext.ExtGRPOTrainer`).",
+        paper={  # as `trl.GRPOTrainer._paper`
+            "title": "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
+            "id": "2402.03300",
+            "citation": textwrap.dedent("""\
+                @article{shao2024deepseekmath,
+                    title        = {{DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models}},
+                    author       = {Zhihong Shao and Peiyi Wang and Qihao Zhu and Runxin Xu and Junxiao Song and Mingchuan Zhang and Y. K. Li and Y. Wu and Daya Guo},
+                    year         = 2024,
+                    eprint       = {arXiv:2402.03300},
+                }"""),
+        },
+        sources=(_DEEPSEEKMATH,),
     ),
 }
-_METHOD_ALIASES = {"stepwise_rlm": "stepwise-rlm", "judge_credit": "judge-credit"}
 _IPO_SOURCE = (
     "prime-rl `ipo` loss (PrimeIntellect-ai/prime-rl, `src/prime_rl/trainer/rl/loss.py`)",
     "https://github.com/PrimeIntellect-ai/prime-rl",
@@ -133,11 +219,11 @@ class PushError(RuntimeError):
 
 @dataclass
 class AdapterFiles:
-    """What `push_adapter` uploads: repo path -> local file, and the run's metadata."""
+    """What `push_adapter` uploads: repo path -> local file, and the run's ``trl_ext_run.json`` (None without one)."""
 
     adapter_dir: Path
     files: dict[str, Path]
-    run_info: dict[str, Any]
+    run_info: RunInfo | None
 
 
 def find_adapter_dir(output_dir: str | os.PathLike[str]) -> Path:
@@ -175,11 +261,11 @@ def collect_adapter_files(output_dir: str | os.PathLike[str]) -> AdapterFiles:
             if (folder / name).is_file():
                 files[name] = folder / name
                 break
-    run_info: dict[str, Any] = {}
+    run_info = None
     if RUN_INFO_FILE in files:
         try:
-            run_info = json.loads(files[RUN_INFO_FILE].read_text(encoding="utf-8"))
-        except (OSError, ValueError) as error:
+            run_info = read_run_info(files[RUN_INFO_FILE])
+        except (OSError, ValueError, TypeError) as error:
             logger.warning(
                 "Could not read %s (%s); the model card will have less detail.", files[RUN_INFO_FILE], error
             )
@@ -196,121 +282,97 @@ def _adapter_config(adapter_dir: Path) -> dict[str, Any]:
 def _alerts_from_state(root: Path) -> dict[str, int]:
     """Alert counts from ``trainer_state.json`` when the run file has none (``monitor/alerts/<rule>`` log keys)."""
     counts: dict[str, int] = {}
-    for candidate in (root / "trainer_state.json",):
-        if candidate.is_file():
-            try:
-                history = json.loads(candidate.read_text(encoding="utf-8")).get("log_history", [])
-            except (OSError, ValueError):
-                return counts
-            for entry in history:
-                for key, value in entry.items():
-                    if key.startswith("monitor/alerts/") and value:
-                        rule = key.split("/", 2)[2]
-                        counts[rule] = counts.get(rule, 0) + 1
+    candidate = root / "trainer_state.json"
+    if candidate.is_file():
+        try:
+            history = json.loads(candidate.read_text(encoding="utf-8")).get("log_history", [])
+        except (OSError, ValueError):
+            return counts
+        for entry in history:
+            for key, value in entry.items():
+                if key.startswith("monitor/alerts/") and value:
+                    rule = key.split("/", 2)[2]
+                    counts[rule] = counts.get(rule, 0) + 1
     return counts
 
 
+def _on_hub(name: Any) -> bool:
+    """A Hub id (``org/name``), not a local path: what the card may link and put in its metadata."""
+    return isinstance(name, str) and bool(_HUB_ID.match(name)) and not Path(name).exists()
+
+
 def build_model_card(output_dir: str | os.PathLike[str], repo_id: str, files: AdapterFiles | None = None) -> str:
-    """The ``README.md`` of the adapter repository (YAML metadata + markdown)."""
+    """The ``README.md`` of the adapter repository: TRL's model card with trl-ext's sections.
+
+    The base is `trl.trainer.utils.generate_model_card` fed exactly as `trainer.create_model_card()` feeds it
+    (the trainer's `_tag_names`, `_name` and `_paper`, from `METHODS`): YAML metadata (base model, tags, model name,
+    licence), TRL's quick start, training procedure, framework versions and citations. The metadata says
+    ``library_name: peft`` (the repository holds an adapter) and adds the tags ``peft``, ``lora`` (and ``ipo-loss``).
+    Before the citations come trl-ext's sections, from ``trl_ext_run.json``: how to load the adapter, the method
+    and its sources, the non-default configuration, the final metrics, the monitors' alerts, the REPL sandbox's
+    isolation (when the run had REPLs) and the ``monitors.png`` curves.
+    """
+    from trl.trainer.utils import generate_model_card
+
     root = Path(output_dir)
     files = files if files is not None else collect_adapter_files(root)
-    info = files.run_info
+    info = files.run_info if files.run_info is not None else RunInfo(source="unknown")
     adapter = _adapter_config(files.adapter_dir)
-    method = _METHOD_ALIASES.get(str(info.get("method")), str(info.get("method") or "grpo"))
-    title, description, sources = METHODS.get(method, METHODS["grpo"])
-    config: Mapping[str, Any] = info.get("config") or {}
-    uses_ipo = config.get("loss_type") == "ipo"
-    base_model = info.get("base_model") or adapter.get("base_model_name_or_path")
-    base_on_hub = isinstance(base_model, str) and bool(_HUB_ID.match(base_model)) and not Path(base_model).exists()
+    method = METHODS.get(info.method or "grpo", METHODS["grpo"])
+    uses_ipo = info.config.get("loss_type") == "ipo"
+    base_model = info.base_model or adapter.get("base_model_name_or_path")
+    base_on_hub = _on_hub(base_model)
+    tags = [*method.tag_names, "peft", "lora", *(["ipo-loss"] if uses_ipo else [])]
+    dataset = info.dataset if _on_hub(info.dataset) else None
 
-    tags = ["trl", "trl-ext", "peft", "lora", method]
-    if uses_ipo:
-        tags.append("ipo-loss")
-    meta = ["---", "library_name: peft"]
-    if base_on_hub:
-        meta.append(f"base_model: {base_model}")
-    meta.append("tags:")
-    meta.extend(f"- {tag}" for tag in tags)
-    meta.append("---")
-
-    lines = [*meta, "", f"# {repo_id.split('/')[-1]}", ""]
-    lines.append(
-        f"A LoRA adapter trained with trl-ext, a plugin for [TRL](https://github.com/huggingface/trl): {title}."
+    card = generate_model_card(
+        base_model=base_model if base_on_hub else None,
+        model_name=repo_id.split("/")[-1],
+        hub_model_id=repo_id,
+        dataset_name=dataset,
+        tags=tags,
+        wandb_url=None,
+        trackio_url=None,
+        trainer_name=method.name,
+        trainer_citation=method.paper.get("citation"),
+        paper_title=method.paper.get("title"),
+        paper_id=method.paper.get("id"),
     )
-    lines.append("Only the adapter is in this repository, not merged weights: load it on top of the base model.")
-    lines += ["", "## Base model", ""]
-    if base_on_hub:
-        lines.append(f"[{base_model}](https://huggingface.co/{base_model})")
-    elif base_model:
-        lines.append(f"`{base_model}` (a local model, not on the Hub: you need the same weights to use this adapter).")
-    else:
-        lines.append("Unknown (the adapter config does not name it).")
-    lines += ["", "## Method", "", description, ""]
-    if uses_ipo:
-        lines.append(
-            "Policy loss: the IPO masking loss (a token is kept when |p − p_old| ≤ ε; the ratio is capped), "
-            '`loss_type="ipo"`.'
+    card.data.library_name = "peft"  # an adapter repository: the Hub loads it with PEFT on top of base_model
+    text = str(card)
+    if not base_on_hub:  # TRL's template links the base model whatever it is; a local one has no Hub page
+        where = (
+            f"`{base_model}` (a local model, not on the Hub: you need the same weights to use this adapter)"
+            if base_model
+            else "an unknown base model (the adapter config does not name it)"
         )
-        lines.append("")
-    lines.append("Sources:")
-    for text, url in [*sources, *([_IPO_SOURCE] if uses_ipo else []), _TRL_SOURCE]:
-        lines.append(f"- {text}" + (f" — <{url}>" if url else ""))
+        text = text.replace(_TRL_NO_BASE, f"This model is a LoRA adapter for {where}", 1)
+    sections = "\n".join(_trl_ext_sections(root, repo_id, files, info, adapter, method, base_model, uses_ipo))
+    head, citations, tail = text.partition("\n## Citations")
+    return f"{head.rstrip()}\n\n{sections}\n{citations}{tail}" if citations else f"{text.rstrip()}\n\n{sections}"
 
-    lines += ["", "## Training configuration", ""]
-    details = {
-        "trainer": info.get("trainer"),
-        "source": info.get("source"),
-        "recipe": info.get("recipe"),
-        "dataset": info.get("dataset") or (info.get("result") or {}).get("extra", {}).get("task"),
-        "reward functions": info.get("reward_funcs"),
-        "LoRA": {k: adapter.get(k) for k in ("r", "lora_alpha", "lora_dropout", "target_modules") if k in adapter},
-    }
-    for key, value in details.items():
-        if value:
-            lines.append(f"- {key}: `{_short(value)}`")
-    if config:
-        lines += ["", "| parameter | value |", "|---|---|"]
-        for key in sorted(config):
-            lines.append(f"| `{key}` | `{_short(config[key])}` |")
 
-    metrics: Mapping[str, Any] = info.get("metrics") or {}
-    shown = [key for key in _CARD_METRICS if key in metrics]
-    lines += ["", "## Final metrics", ""]
-    if shown:
-        lines += ["| metric | value |", "|---|---|"]
-        for key in shown:
-            lines.append(f"| `{key}` | {_number(metrics[key])} |")
-    else:
-        lines.append("None recorded (no trl_ext_run.json in the output directory).")
+# What TRL's template writes when `base_model` is None (a local base model).
+_TRL_NO_BASE = "This model is a fine-tuned version of [None](https://huggingface.co/None)"
 
-    alerts = {rule: count for rule, count in (info.get("alerts") or _alerts_from_state(root)).items() if count}
-    lines += ["", "## Monitor alerts", ""]
-    if alerts:
-        lines.append("trl-ext's monitors (clip rate / IPO mask, entropy and KL, reward) raised these alerts:")
-        lines.append("")
-        lines += ["| rule | times |", "|---|---|"]
-        lines += [f"| `{rule}` | {count} |" for rule, count in sorted(alerts.items())]
-        log = info.get("alert_log") or []
-        if log:
-            lines.append("")
-            for record in log[:20]:
-                lines.append(
-                    f"- step {record.get('step')}: `{record.get('rule')}` (value {_number(record.get('value'))}, "
-                    f"action {record.get('action')})"
-                )
-    else:
-        lines.append("None: no monitor rule fired during training.")
-    if PLOT_FILE in files.files:
-        lines += [
-            "",
-            "## Training curves",
-            "",
-            f"![reward, clip rate / IPO mask, entropy, KL and alerts]({PLOT_FILE})",
-        ]
 
+def _trl_ext_sections(
+    root: Path,
+    repo_id: str,
+    files: AdapterFiles,
+    info: RunInfo,
+    adapter: Mapping[str, Any],
+    method: MethodCard,
+    base_model: str | None,
+    uses_ipo: bool,
+) -> list[str]:
+    """trl-ext's part of the card (markdown lines): loading, method, configuration, metrics, alerts, sandbox, plot."""
+    lines = ["## Loading the adapter", ""]
+    lines.append(
+        f"A LoRA adapter trained with trl-ext, a plugin for [TRL](https://github.com/huggingface/trl): "
+        f"{method.title}. Only the adapter is in this repository, not merged weights: load it on top of the base model."
+    )
     lines += [
-        "",
-        "## Usage",
         "",
         "```python",
         "from peft import PeftModel",
@@ -323,7 +385,87 @@ def build_model_card(output_dir: str | os.PathLike[str], repo_id: str, files: Ad
     lines.append(f'tokenizer = AutoTokenizer.from_pretrained("{tokenizer_source}")')
     lines.append(f'model = PeftModel.from_pretrained(base, "{repo_id}")')
     lines += ["```", ""]
-    return "\n".join(lines)
+
+    lines += [f"## Method: {method.title}", "", method.description, ""]
+    if uses_ipo:
+        lines.append(
+            "Policy loss: the IPO masking loss (a token is kept when |p − p_old| ≤ ε; the ratio is capped), "
+            '`loss_type="ipo"`.'
+        )
+        lines.append("")
+    lines.append("Sources:")
+    for text, url in [*method.sources, *([_IPO_SOURCE] if uses_ipo else []), _TRL_SOURCE]:
+        lines.append(f"- {text}" + (f" — <{url}>" if url else ""))
+
+    lines += ["", "## Training configuration", ""]
+    details = {
+        "trainer": info.trainer,
+        "source": None if info.source == "unknown" else info.source,
+        "recipe": info.extra.get("recipe"),
+        "dataset": info.dataset,
+        "reward functions": info.reward_funcs,
+        "LoRA": {k: adapter.get(k) for k in ("r", "lora_alpha", "lora_dropout", "target_modules") if k in adapter}
+        or info.peft,
+        "steps": info.steps,
+    }
+    for key, value in details.items():
+        if value:
+            lines.append(f"- {key}: `{_short(value)}`")
+    if info.config:
+        lines += ["", "Settings that differ from the config class's defaults:", ""]
+        lines += ["| parameter | value |", "|---|---|"]
+        for key in sorted(info.config):
+            lines.append(f"| `{key}` | `{_short(info.config[key])}` |")
+
+    shown = [key for key in _CARD_METRICS if key in info.metrics]
+    lines += ["", "## Final metrics", ""]
+    if shown:
+        lines += ["| metric | value |", "|---|---|"]
+        for key in shown:
+            lines.append(f"| `{key}` | {_number(info.metrics[key])} |")
+    else:
+        lines.append(f"None recorded (no {RUN_INFO_FILE} in the output directory).")
+
+    alerts = {rule: count for rule, count in (info.alerts or _alerts_from_state(root)).items() if count}
+    lines += ["", "## Monitor alerts", ""]
+    if alerts:
+        lines.append("trl-ext's monitors (clip rate / IPO mask, entropy and KL, reward) raised these alerts:")
+        lines.append("")
+        lines += ["| rule | times |", "|---|---|"]
+        lines += [f"| `{rule}` | {count} |" for rule, count in sorted(alerts.items())]
+        if info.alert_log:
+            lines.append("")
+            for record in info.alert_log[:20]:
+                lines.append(
+                    f"- step {record.get('step')}: `{record.get('rule')}` (value {_number(record.get('value'))}, "
+                    f"action {record.get('action')})"
+                )
+    else:
+        lines.append("None: no monitor rule fired during training.")
+
+    if info.sandbox:
+        lines += ["", "## Sandbox isolation", ""]
+        backend = info.sandbox.get("repl/isolation")
+        lines.append(
+            "The Python REPLs that ran model-written code during training"
+            + (f" used the `{backend}` backend." if backend else ".")
+        )
+        for label, key in (("isolated", "isolated"), ("left open", "open")):
+            items = info.sandbox.get(key) or []
+            if items:
+                lines += ["", f"{label.capitalize()}:", ""]
+                lines += [f"- {item}" for item in items]
+            elif key == "open":
+                lines += ["", "Left open: nothing."]
+
+    if PLOT_FILE in files.files:
+        lines += [
+            "",
+            "## Training curves",
+            "",
+            f"![reward, clip rate / IPO mask, entropy, KL and alerts]({PLOT_FILE})",
+        ]
+    return lines
 
 
 def _short(value: Any, limit: int = 120) -> str:

@@ -283,22 +283,26 @@ def prepare_output_dir(output_dir: str | os.PathLike[str]) -> Path:
 
 
 def write_run_info(output_dir: Path, result: QuickstartResult, settings: QuickstartSettings) -> Path:
-    """``trl_ext_run.json``: method, trainer, base model, settings, metrics and alerts (read by ``trl-ext push``)."""
-    info = {
-        "source": "trl-ext quickstart",
-        "method": result.method,
-        "trainer": _METHOD_TRAINERS[result.method],
-        "base_model": result.extra.get("base_model"),
-        "settings": asdict(settings),
-        "config": result.extra.get("config", {}),
-        "sandbox": result.extra.get("sandbox"),
-        "metrics": _final_metrics(result),
-        "alerts": result.alerts,
-        "alert_log": result.alert_log,
-        "result": result.to_dict(),
-    }
+    """``trl_ext_run.json`` (`trl_ext.run_info.RunInfo`, read by ``trl-ext push``); ``extra`` holds the settings
+    (``settings``) and the whole `QuickstartResult` (``result``)."""
+    from .run_info import RunInfo
+
+    info = RunInfo(
+        source="trl-ext quickstart",
+        method=result.method,
+        trainer=_METHOD_TRAINERS[result.method],
+        base_model=result.extra.get("base_model"),
+        dataset=result.extra.get("task"),
+        config=result.extra.get("config", {}),
+        metrics=_final_metrics(result),
+        steps=result.train_steps,
+        alerts=result.alerts,
+        alert_log=result.alert_log,
+        sandbox=result.extra.get("sandbox"),
+        extra={"settings": asdict(settings), "result": result.to_dict()},
+    )
     path = output_dir / RUN_INFO_FILE
-    path.write_text(json.dumps(info, indent=2, default=str) + "\n", encoding="utf-8")
+    path.write_text(info.to_json(), encoding="utf-8")
     return path
 
 

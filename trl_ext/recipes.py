@@ -53,7 +53,9 @@ from typing import Any
 
 from trl import ScriptArguments
 
-from .hub import PLOT_FILE, RUN_INFO_FILE
+from .hub import PLOT_FILE
+from .run_info import RunInfo, collect_monitor_alerts, last_logged_metrics
+from .run_info import write_run_info as _write_run_info
 
 logger = logging.getLogger(__name__)
 
@@ -485,43 +487,26 @@ def train_from_recipe(recipe: Recipe, **build_kwargs: Any) -> Any:
 
 
 def write_run_info(output_dir: Path, recipe: Recipe, trainer: Any) -> Path:
-    """``trl_ext_run.json``: what ``trl-ext push`` puts in the model card (trainer, base model, config, metrics,
-    alerts)."""
-    from .callbacks import MonitorCallback
-
-    history = trainer.state.log_history
-    metrics: dict[str, Any] = {}
-    for entry in history:  # the last value of every logged metric
-        for key, value in entry.items():
-            if isinstance(value, (int, float)) and key not in ("epoch", "step"):
-                metrics[key] = value
-    alerts: dict[str, int] = {}
-    alert_log: list[dict[str, Any]] = []
-    for callback in trainer.callback_handler.callbacks:
-        if isinstance(callback, MonitorCallback):
-            for rule, count in callback.alert_counts.items():
-                alerts[rule] = alerts.get(rule, 0) + count
-            alert_log.extend({"monitor": type(callback).__name__, **record} for record in callback.alerts)
-    info = {
-        "source": "trl-ext train",
-        "method": recipe.trainer,
-        "trainer": type(trainer).__name__,
-        "recipe": str(recipe.source) if recipe.source else None,
-        "base_model": recipe.model_args.model_name_or_path or getattr(trainer.model.config, "_name_or_path", None),
-        "dataset": recipe.script_args.dataset_name or [d.path for d in recipe.dataset_args.datasets or []],
-        "reward_funcs": [getattr(f, "__name__", str(f)) for f in trainer.reward_funcs],
-        "config": config_summary(recipe.training_args),
-        "peft": _peft_summary(recipe.model_args),
-        "metrics": metrics,
-        "steps": trainer.state.global_step,
-        "alerts": {rule: count for rule, count in sorted(alerts.items()) if count},
-        "alert_log": sorted(alert_log, key=lambda record: record.get("step", 0)),
-    }
-    if getattr(trainer, "sandbox_info", None) is not None:  # what the REPLs of this run were isolated from
-        info["sandbox"] = trainer.sandbox_info
-    path = Path(output_dir) / RUN_INFO_FILE
-    path.write_text(json.dumps(info, indent=2, default=str) + "\n", encoding="utf-8")
-    return path
+    """``trl_ext_run.json`` of a recipe run (`trl_ext.run_info.RunInfo`): what ``trl-ext push`` puts in the model
+    card (trainer, base model, config, metrics, alerts); ``extra`` holds the recipe's path."""
+    alerts, alert_log = collect_monitor_alerts(trainer)
+    info = RunInfo(
+        source="trl-ext train",
+        method=recipe.trainer,
+        trainer=type(trainer).__name__,
+        base_model=recipe.model_args.model_name_or_path or getattr(trainer.model.config, "_name_or_path", None),
+        dataset=recipe.script_args.dataset_name or [d.path for d in recipe.dataset_args.datasets or []],
+        reward_funcs=[getattr(f, "__name__", str(f)) for f in trainer.reward_funcs],
+        config=config_summary(recipe.training_args),
+        peft=_peft_summary(recipe.model_args),
+        metrics=last_logged_metrics(trainer.state.log_history),
+        steps=trainer.state.global_step,
+        alerts=alerts,
+        alert_log=alert_log,
+        sandbox=getattr(trainer, "sandbox_info", None),  # what the REPLs of this run were isolated from
+        extra={"recipe": str(recipe.source)} if recipe.source else {},
+    )
+    return _write_run_info(output_dir, info)
 
 
 def _peft_summary(model_args: Any) -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ import torch
 from trl import GRPOConfig
 from trl.trainer.utils import nanmax, nanmin
 
+from ..hub import METHODS
 from ..losses import LOSSES, LossSpec, get_loss, sampling_mismatch
 from .trl_seam import BatchScope, TRLSeam
 
@@ -149,6 +150,11 @@ class ExtGRPOTrainer(TRLSeam):
     Metrics added under the IPO loss: ``ipo/masked_ratio``, ``ipo/capped_ratio``, ``ipo/ratio_mean``. When a
     subclass changes the row count, ``batch/padding_rows`` counts the zero-loss rows added (all ranks).
     """
+
+    # TRL's model card (`create_model_card`, `push_to_hub`) from the method table `trl_ext.hub.METHODS`
+    _tag_names = METHODS["grpo"].tag_names
+    _name = METHODS["grpo"].name
+    _paper = METHODS["grpo"].paper
 
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *pargs, **kwargs):
         if args is None:

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..hub import METHODS
 from ..judge.audit import JudgeAuditLog, text_hash
 from ..judge.client import STRUCTURED_OUTPUT_MODES, AsyncChatClient, BackgroundEventLoop
 from ..judge.credit import DEFAULT_LABEL_SCORES, cap_credit, per_token_advantages, span_credit
@@ -341,6 +342,11 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
     ``judge/blocking_s`` (all main-thread time the step spent on the judge: marking, submitting, waiting, credit,
     audit log).
     """
+
+    # TRL's model card (`create_model_card`, `push_to_hub`) from the method table `trl_ext.hub.METHODS`
+    _tag_names = METHODS["judge-credit"].tag_names
+    _name = METHODS["judge-credit"].name
+    _paper = METHODS["judge-credit"].paper
 
     def __init__(self, model, reward_funcs=None, args: JudgeCreditConfig | None = None, *pargs, judge=None, **kwargs):
         if not isinstance(args, JudgeCreditConfig):

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ..hub import METHODS
 from ..rewards.rlmt import (
     INSTRUCT_SYSTEM_PROMPT,
     ORIGINAL_PROMPT_COLUMN,
@@ -170,6 +171,11 @@ class RLMTTrainer(ExtGRPOTrainer):
     Metrics added: ``rlmt/stop_cut_ratio`` (completions cut at a stop string) and, from the scorers,
     ``<scorer name>/malformed_ratio`` and ``<scorer name>/response_score_mean``.
     """
+
+    # TRL's model card (`create_model_card`, `push_to_hub`) from the method table `trl_ext.hub.METHODS`
+    _tag_names = METHODS["rlmt"].tag_names
+    _name = METHODS["rlmt"].name
+    _paper = METHODS["rlmt"].paper
 
     batch_scope_class = RLMTBatchScope
 

@@ -28,6 +28,7 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad, use_adapter
 
 from ..advantages import broadcast_advantages, stepwise_loss_weights
+from ..hub import METHODS
 from ..losses import LOSSES, get_loss, importance_sampling_ratio
 from ..rlm import EngineStats, RLMEngine, RLMScaffoldConfig, RLMTask, RolloutTree, canonical_rollout_order
 from ..rlm.generators import (
@@ -139,6 +140,11 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
     ``repl/truncated_answers`` (final answers cut to ``repl_max_answer_chars``),
     ``rlm/padding_rows``.
     """
+
+    # TRL's model card (`create_model_card`, `push_to_hub`) from the method table `trl_ext.hub.METHODS`
+    _tag_names = METHODS["stepwise-rlm"].tag_names
+    _name = METHODS["stepwise-rlm"].name
+    _paper = METHODS["stepwise-rlm"].paper
 
     batch_scope_class = RLMBatchScope
 

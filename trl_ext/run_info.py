@@ -1,0 +1,180 @@
+"""``trl_ext_run.json``: the one summary of a training run, written by ``trl-ext train`` and ``trl-ext quickstart``
+and read by ``trl-ext push`` for the model card.
+
+One schema, `RunInfo` (a JSON object, ``schema_version`` 1):
+
+==================  =============================================================================================
+key                 value
+==================  =============================================================================================
+``schema_version``  ``1``
+``source``          what wrote the file: ``"trl-ext train"``, ``"trl-ext quickstart"`` (or your own script's name)
+``method``          the trl-ext method: ``"stepwise-rlm"``, ``"judge-credit"``, ``"rlmt"`` or ``"grpo"``
+                    (``stepwise_rlm``-style spellings are normalised on read and write)
+``trainer``         the trainer class name, e.g. ``"StepwiseRLMTrainer"``
+``base_model``      the model the run started from: a Hub id, a local path, or a description
+``dataset``         the training data: a Hub id, a list of data files/ids (mixtures), or a description
+``reward_funcs``    names of the reward functions
+``config``          the trainer config fields that differ from the class defaults (`trl_ext.recipes.config_summary`)
+``peft``            LoRA settings (``r``, ``lora_alpha``, ``lora_dropout``, ``target_modules``), or null
+``metrics``         the final value of each logged metric (``reward``, ``ipo/masked_ratio``, ``eval/...``)
+``steps``           optimizer steps run
+``alerts``          rule -> how many times the monitors fired it (rules that never fired left out)
+``alert_log``       the fired alerts, ``{"monitor", "rule", "step", "value", "action"}``, by step
+``sandbox``         what the run's Python REPLs were isolated from (`trl_ext.rlm.sandbox.isolation_report`), or null
+``extra``           whatever only one source knows: ``trl-ext train`` puts ``recipe`` (the YAML file's path);
+                    ``trl-ext quickstart`` puts ``settings`` (its `QuickstartSettings`) and ``result`` (its
+                    `QuickstartResult`, with the before/after evaluations)
+==================  =============================================================================================
+
+`write_run_info` writes it, `read_run_info` reads it back (keys it does not know, from older files, land in
+``extra``); `collect_monitor_alerts` gathers ``alerts``/``alert_log`` from a trainer's monitors and
+`last_logged_metrics` the ``metrics`` from its log history.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "RUN_INFO_FILE",
+    "RunInfo",
+    "canonical_method",
+    "collect_monitor_alerts",
+    "last_logged_metrics",
+    "read_run_info",
+    "write_run_info",
+]
+
+RUN_INFO_FILE = "trl_ext_run.json"
+SCHEMA_VERSION = 1
+
+
+def canonical_method(name: str | None) -> str | None:
+    """``"stepwise_rlm"`` / ``"Stepwise-RLM"`` -> ``"stepwise-rlm"``: the method names of the run file and the card."""
+    if name is None:
+        return None
+    return str(name).strip().lower().replace("_", "-") or None
+
+
+@dataclass
+class RunInfo:
+    """The content of ``trl_ext_run.json`` (see the module docstring for every key)."""
+
+    source: str = field(metadata={"help": 'What wrote the file, e.g. "trl-ext train" or "trl-ext quickstart".'})
+    method: str | None = field(
+        default=None, metadata={"help": 'The trl-ext method: "stepwise-rlm", "judge-credit", "rlmt" or "grpo".'}
+    )
+    trainer: str | None = field(default=None, metadata={"help": 'Trainer class name, e.g. "StepwiseRLMTrainer".'})
+    base_model: str | None = field(
+        default=None, metadata={"help": "The model the run started from: Hub id, local path or description."}
+    )
+    dataset: str | list[str] | None = field(
+        default=None, metadata={"help": "Training data: Hub id, list of files/ids (mixtures) or description."}
+    )
+    reward_funcs: list[str] = field(default_factory=list, metadata={"help": "Names of the reward functions."})
+    config: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "Trainer config fields that differ from the class defaults."}
+    )
+    peft: dict[str, Any] | None = field(
+        default=None, metadata={"help": "LoRA settings (r, lora_alpha, lora_dropout, target_modules), or None."}
+    )
+    metrics: dict[str, Any] = field(default_factory=dict, metadata={"help": "Final value of each logged metric."})
+    steps: int | None = field(default=None, metadata={"help": "Optimizer steps run."})
+    alerts: dict[str, int] = field(
+        default_factory=dict, metadata={"help": "Monitor rule -> times fired (rules that never fired left out)."}
+    )
+    alert_log: list[dict[str, Any]] = field(
+        default_factory=list, metadata={"help": 'Fired alerts {"monitor", "rule", "step", "value", "action"}.'}
+    )
+    sandbox: dict[str, Any] | None = field(
+        default=None, metadata={"help": "What the run's REPLs were isolated from (isolation_report), or None."}
+    )
+    extra: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={"help": "Source-specific data: train -> recipe; quickstart -> settings, result."},
+    )
+    schema_version: int = field(default=SCHEMA_VERSION, metadata={"help": "Version of this schema."})
+
+    def __post_init__(self) -> None:
+        self.method = canonical_method(self.method)
+        self.alerts = {rule: int(count) for rule, count in sorted(self.alerts.items()) if count}
+        self.alert_log = sorted(self.alert_log, key=lambda record: record.get("step") or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """Indented JSON; values JSON cannot hold (paths, enums) are written as strings."""
+        return json.dumps(self.to_dict(), indent=2, default=str) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunInfo:
+        """Read a run file's object; keys this schema does not have (older files: ``recipe``, ``settings``,
+        ``result``) are kept in ``extra``."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{RUN_INFO_FILE} must hold a JSON object, got {type(data).__name__}.")
+        names = {item.name for item in dataclasses.fields(cls)}
+        known = {key: value for key, value in data.items() if key in names and value is not None}
+        extra = {**{key: value for key, value in data.items() if key not in names}, **(known.pop("extra", {}) or {})}
+        known.setdefault("source", "unknown")
+        return cls(**known, extra=extra)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunInfo:
+        return cls.from_dict(json.loads(text))
+
+
+def write_run_info(output_dir: str | os.PathLike[str], info: RunInfo) -> Path:
+    """Write ``OUTPUT_DIR/trl_ext_run.json``; returns its path."""
+    path = Path(output_dir) / RUN_INFO_FILE
+    path.write_text(info.to_json(), encoding="utf-8")
+    return path
+
+
+def read_run_info(path: str | os.PathLike[str]) -> RunInfo:
+    """Read ``trl_ext_run.json`` (``path`` is the file or the folder holding it).
+
+    Raises:
+        FileNotFoundError: no run file there.
+        ValueError: the file is not a JSON object.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / RUN_INFO_FILE
+    return RunInfo.from_json(path.read_text(encoding="utf-8"))
+
+
+def collect_monitor_alerts(source: Any) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """``(alerts, alert_log)`` of the run file from the monitors (`trl_ext.callbacks.MonitorCallback`) of a trainer,
+    or of an iterable of callbacks: counts summed per rule over the monitors (rules that never fired left out), and
+    every kept alert record tagged with its monitor's class name, by step."""
+    from .callbacks import MonitorCallback
+
+    handler = getattr(source, "callback_handler", None)
+    callbacks: Iterable[Any] = handler.callbacks if handler is not None else source
+    alerts: dict[str, int] = {}
+    alert_log: list[dict[str, Any]] = []
+    for callback in callbacks:
+        if isinstance(callback, MonitorCallback):
+            for rule, count in callback.alert_counts.items():
+                alerts[rule] = alerts.get(rule, 0) + count
+            alert_log.extend({"monitor": type(callback).__name__, **record} for record in callback.alerts)
+    fired = {rule: count for rule, count in sorted(alerts.items()) if count}
+    return fired, sorted(alert_log, key=lambda record: record.get("step") or 0)
+
+
+def last_logged_metrics(log_history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The last logged value of every numeric metric in a trainer's ``state.log_history`` (``epoch`` and ``step``
+    left out)."""
+    metrics: dict[str, Any] = {}
+    for entry in log_history:
+        for key, value in entry.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("epoch", "step"):
+                metrics[key] = value
+    return metrics
