@@ -34,7 +34,7 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 
-from ._text import completion_text, message_text, prompt_messages
+from ..text import completion_text, message_text, prompt_messages
 
 logger = logging.getLogger(__name__)
 

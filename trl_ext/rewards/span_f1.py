@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._text import completion_text, final_answer_text
+from ..text import completion_text, final_answer_text
 
 SpanItem = tuple[int, int] | Sequence[int] | Mapping[str, int] | str
 

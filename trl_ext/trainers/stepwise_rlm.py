@@ -32,6 +32,7 @@ from ..losses import importance_sampling_ratio
 from ..rlm import RLMEngine, RLMScaffoldConfig, RLMTask, RolloutTree
 from ..rlm.generators import TransformersGenerator, VLLMColocateGenerator, VLLMServerGenerator
 from ..rlm.sandbox import SandboxArguments, isolation_report, resolve_isolation
+from ..text import last_user_text
 from .ext_grpo import ExtGRPOConfig, ExtGRPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -180,7 +181,7 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
         contexts = [row.get(self.args.context_column) for row in self._rlm_inputs]
         if len(contexts) != len(prompts):
             contexts = [None] * len(prompts)
-        tasks = [RLMTask(prompt=_task_text(prompt), context=context) for prompt, context in zip(prompts, contexts)]
+        tasks = [RLMTask(prompt=last_user_text(prompt), context=context) for prompt, context in zip(prompts, contexts)]
         engine = RLMEngine(self.make_generator(), self.processing_class, self._rlm_config)
         was_training = self.model.training
         self.model.eval()
@@ -383,17 +384,3 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
 def _rlm_rollout(prompts: list[Any], trainer: StepwiseRLMTrainer) -> dict[str, list]:
     """TRL ``rollout_func``: delegates to the trainer's RLM engine."""
     return trainer.run_rollouts(prompts)
-
-
-def _task_text(prompt: Any) -> str:
-    """The task string of a dataset prompt: a plain string, or the last user message of a conversation."""
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list):
-        for message in reversed(prompt):
-            if message.get("role") == "user":
-                content = message.get("content")
-                if isinstance(content, list):  # typed content blocks
-                    content = " ".join(block.get("text", "") for block in content if isinstance(block, dict))
-                return str(content)
-    raise ValueError(f"Cannot read a task from prompt {prompt!r:.200}: use a string or a list of chat messages.")
