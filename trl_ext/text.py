@@ -119,7 +119,7 @@ def final_answer_text(text: str) -> str:
 
 
 # A fenced block: ``` or ```json (any case), on one line or several; the group is what is inside.
-_FENCE_RE = re.compile(r"```(?:json)?[ \t]*\n?(.*?)```", re.DOTALL | re.IGNORECASE)
+_FENCE_RE = re.compile(r"```[ \t]*(?:json)?[ \t]*\n?(.*?)```", re.DOTALL | re.IGNORECASE)
 _OPENING_RE = re.compile(r"[\[{]")
 
 
