@@ -1,4 +1,4 @@
-"""Character-span overlap F1 of predicted vs gold evidence spans: the verifiable baseline reward (SPEC §1.4).
+"""Character-span overlap F1 of predicted vs gold evidence spans, the verifiable baseline (docs/char_span_f1.md).
 
 The RLM blog started from this reward and replaced it by the rubric judge (`trl_ext.rewards.rubric`) because it was
 too noisy; it stays here for comparison runs and for filtering cold-start traces (`trl_ext.sft`).
