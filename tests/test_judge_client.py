@@ -338,7 +338,7 @@ def test_http_clients_are_closed_with_their_event_loop():
 
         async def call_and_capture():
             result = await client.chat(USER)
-            return result.content, client._per_loop[asyncio.get_running_loop()].client
+            return result.content, await client.endpoint.client()
 
         content, http_client = run(call_and_capture())
         assert content == "ok" and http_client.is_closed()

@@ -182,7 +182,7 @@ class _MeteredHttpClient(openai.DefaultAsyncHttpxClient):
         super().__init__(**kwargs)
         self.semaphore = asyncio.Semaphore(slots)
         self.deadline = deadline
-        self.count = count
+        self.count = count  # adds to the owner's counters: count(requests=1, timeouts=1, ...)
         self.in_flight = 0
         self.peak_in_flight = 0
 
@@ -221,6 +221,97 @@ class _LoopResources:
     closer: Any = None  # an async generator whose `finally` closes `client` when the loop shuts down
 
 
+class OpenAIEndpoint:
+    """An OpenAI-compatible server, for coroutines on any event loop: the HTTP plumbing every trl-ext client shares.
+
+    Each event loop gets its own `openai.AsyncOpenAI` (an HTTP client cannot cross loops), closed when that loop
+    shuts down. The SDK retries (``max_retries``, its exponential backoff, ``Retry-After`` honoured); its HTTP client
+    (`_MeteredHttpClient`) holds every attempt to ``max_concurrency`` in flight per loop and to ``timeout`` seconds
+    of wall clock, and reports each attempt to ``count``.
+
+    Args:
+        base_url: the server root the SDK joins request paths to, e.g. ``"http://127.0.0.1:8000/v1"``.
+        api_key_env: environment variable holding the API key; unset (or ``None``): the placeholder ``"EMPTY"``,
+            which local servers accept. The key is never logged.
+        max_concurrency: HTTP requests in flight at once, per event loop.
+        timeout: seconds one attempt may take, wall clock.
+        max_retries: the SDK's retries after the first attempt (408/409/429/5xx, timeouts, connection errors).
+        count: called with counter increments (``requests``, ``retries``, ``timeouts``, ``rate_limited``,
+            ``server_errors``); ``None`` counts nothing.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key_env: str | None,
+        max_concurrency: int,
+        timeout: float,
+        max_retries: int,
+        count: Callable[..., None] | None = None,
+    ):
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url={base_url!r} must be an http(s) URL such as 'http://127.0.0.1:8000/v1'.")
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency={max_concurrency} must be >= 1.")
+        if not timeout > 0:
+            raise ValueError(f"timeout={timeout} must be > 0 seconds.")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"max_retries={max_retries!r} must be an integer >= 0 (0 = no retry).")
+        self.base_url = base_url
+        self.api_key_env = api_key_env
+        self.max_concurrency = max_concurrency
+        self.timeout = float(timeout)
+        self.max_retries = max_retries
+        self._count = count or _count_nothing
+        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopResources] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    @property
+    def peak_in_flight(self) -> int:
+        """Most HTTP requests ever in flight at once on any one event loop (checks the concurrency bound)."""
+        return max((r.http.peak_in_flight for r in list(self._per_loop.values())), default=0)
+
+    async def client(self) -> openai.AsyncOpenAI:
+        """The SDK client of the running event loop (made on first use)."""
+        loop = asyncio.get_running_loop()
+        resources = self._per_loop.get(loop)
+        if resources is None:
+            http = _MeteredHttpClient(slots=self.max_concurrency, deadline=self.timeout, count=self._count)
+            client = openai.AsyncOpenAI(
+                base_url=self.base_url,
+                api_key=self._api_key(),
+                max_retries=self.max_retries,
+                timeout=self.timeout + 1.0,  # the wall-clock deadline of `_MeteredHttpClient` is the binding one
+                http_client=http,
+            )
+            # `asyncio.run` (and `BackgroundEventLoop.close`) finalise the loop's async generators before closing it:
+            # this one closes the HTTP client there, instead of a garbage-collected client trying to on a dead loop.
+            closer = _close_on_shutdown(client)
+            await closer.__anext__()
+            resources = _LoopResources(client, http, closer)
+            self._per_loop[loop] = resources
+        return resources.client
+
+    async def aclose(self) -> None:
+        """Close the SDK client of the running event loop."""
+        resources = self._per_loop.pop(asyncio.get_running_loop(), None)
+        if resources is not None:
+            await resources.closer.aclose()
+
+    def _api_key(self) -> str:
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        if not key:
+            logger.debug("Env var %r is unset: sending a placeholder API key.", self.api_key_env)
+            return "EMPTY"
+        return key
+
+
+def _count_nothing(**increments: int) -> None:
+    pass
+
+
 class AsyncChatClient:
     """Robust async calls to one model behind an OpenAI-compatible ``/v1/chat/completions`` endpoint.
 
@@ -256,31 +347,23 @@ class AsyncChatClient:
         reject_removed_retry_options(removed, type(self).__name__)
         if removed:
             raise TypeError(f"{type(self).__name__} got unexpected keyword arguments {sorted(removed)}.")
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url={base_url!r} must be an http(s) URL such as 'http://127.0.0.1:8000/v1'.")
         if not model:
             raise ValueError("model must name the judge model served at base_url, e.g. 'Qwen/Qwen3-8B'.")
-        if max_concurrency < 1:
-            raise ValueError(f"max_concurrency={max_concurrency} must be >= 1.")
-        if not timeout > 0:
-            raise ValueError(f"timeout={timeout} must be > 0 seconds.")
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise ValueError(f"max_retries={max_retries!r} must be an integer >= 0 (0 = no retry).")
         if structured_output not in STRUCTURED_OUTPUT_MODES:
             raise ValueError(f"structured_output={structured_output!r} must be one of {STRUCTURED_OUTPUT_MODES}.")
-        self.base_url = base_url
+        self.endpoint = OpenAIEndpoint(
+            base_url,
+            api_key_env=api_key_env,
+            max_concurrency=max_concurrency,
+            timeout=timeout,
+            max_retries=max_retries,
+            count=self._count,
+        )
         self.model = model
-        self.api_key_env = api_key_env
-        self.max_concurrency = max_concurrency
-        self.timeout = float(timeout)
-        self.max_retries = max_retries
         self.structured_output = structured_output
         self.request_params = dict(request_params or {})
         self.stats = ChatClientStats()
         self._structured_supported = structured_output != "off"
-        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopResources] = (
-            weakref.WeakKeyDictionary()
-        )
         self._stats_lock = threading.Lock()
 
     def __repr__(self) -> str:  # never shows the key
@@ -297,34 +380,27 @@ class AsyncChatClient:
     @property
     def peak_in_flight(self) -> int:
         """Most HTTP requests ever in flight at once on any one event loop (checks the concurrency bound)."""
-        return max((r.http.peak_in_flight for r in list(self._per_loop.values())), default=0)
+        return self.endpoint.peak_in_flight
 
-    def _api_key(self) -> str:
-        key = os.environ.get(self.api_key_env) if self.api_key_env else None
-        if not key:
-            logger.debug("Env var %r is unset: sending a placeholder API key.", self.api_key_env)
-            return "EMPTY"
-        return key
+    @property
+    def base_url(self) -> str:
+        return self.endpoint.base_url
 
-    async def _resources(self) -> _LoopResources:
-        loop = asyncio.get_running_loop()
-        resources = self._per_loop.get(loop)
-        if resources is None:
-            http = _MeteredHttpClient(slots=self.max_concurrency, deadline=self.timeout, count=self._count)
-            client = openai.AsyncOpenAI(
-                base_url=self.base_url,
-                api_key=self._api_key(),
-                max_retries=self.max_retries,
-                timeout=self.timeout + 1.0,  # the wall-clock deadline of `_MeteredHttpClient` is the binding one
-                http_client=http,
-            )
-            # `asyncio.run` (and `BackgroundEventLoop.close`) finalise the loop's async generators before closing it:
-            # this one closes the HTTP client there, instead of a garbage-collected client trying to on a dead loop.
-            closer = _close_on_shutdown(client)
-            await closer.__anext__()
-            resources = _LoopResources(client, http, closer)
-            self._per_loop[loop] = resources
-        return resources
+    @property
+    def api_key_env(self) -> str | None:
+        return self.endpoint.api_key_env
+
+    @property
+    def max_concurrency(self) -> int:
+        return self.endpoint.max_concurrency
+
+    @property
+    def timeout(self) -> float:
+        return self.endpoint.timeout
+
+    @property
+    def max_retries(self) -> int:
+        return self.endpoint.max_retries
 
     def _count(self, **increments: int) -> None:
         with self._stats_lock:
@@ -371,13 +447,13 @@ class AsyncChatClient:
                         body["tool_choice"] = tool_choice
                 if use_structured:
                     body["response_format"] = response_format
-                resources = await self._resources()
+                client = await self.endpoint.client()
                 call.sdk_attempts = 0
                 try:
                     # `post(..., cast_to=object)` (the SDK's documented route for raw calls) returns the JSON body as a
                     # dict: the typed `chat.completions.create` costs ~1 ms of CPU per call in request transforms and
                     # pydantic models, which at 32 calls in flight serialises into tens of ms per wave.
-                    response = await resources.client.post("/chat/completions", cast_to=object, body=body)
+                    response = await client.post("/chat/completions", cast_to=object, body=body)
                     result = _parse_completion(response)
                 except openai.APIStatusError as error:
                     rejected = error.status_code in (400, 422) and use_structured
@@ -488,10 +564,7 @@ class AsyncChatClient:
 
     async def aclose(self) -> None:
         """Close the HTTP client of the running event loop."""
-        loop = asyncio.get_running_loop()
-        resources = self._per_loop.pop(loop, None)
-        if resources is not None:
-            await resources.closer.aclose()
+        await self.endpoint.aclose()
 
 
 def _parse_completion(response: Any) -> ChatResult:

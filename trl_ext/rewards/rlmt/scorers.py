@@ -12,13 +12,14 @@ import asyncio
 import logging
 import math
 import threading
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import openai
 import torch
 
+from ...judge.client import OpenAIEndpoint
 from ...text import completion_text, prompt_messages
 from .formats import INSTRUCT_SYSTEM_PROMPT, ORIGINAL_PROMPT_COLUMN, Format, _check_format, original_prompt
 from .thinking import ThinkingSplit, split_thinking
@@ -303,9 +304,10 @@ class ServedRewardModelScorer(_ResponseOnlyScorer):
 
     and ``use_activation: false`` by default, so the score is the raw logit, as `RewardModelScorer` reads it.
 
-    Requests use the OpenAI SDK's HTTP client (``max_retries`` with backoff on 408/409/429/5xx and connection
-    errors, ``timeout`` per request), at most ``max_concurrency`` at once. A request that still fails gives its
-    completions ``fallback_reward`` and is counted in ``stats.failed``; nothing is raised into training.
+    Requests go through `trl_ext.judge.client.OpenAIEndpoint`, as the LLM judges' do: the openai SDK's retries
+    (``max_retries``, with backoff, on 408/409/429/5xx, timeouts and connection errors), ``timeout`` seconds per
+    attempt, at most ``max_concurrency`` attempts in flight. A request that still fails gives its completions
+    ``fallback_reward`` and is counted in ``stats.failed``; nothing is raised into training.
     """
 
     def __init__(
@@ -352,11 +354,15 @@ class ServedRewardModelScorer(_ResponseOnlyScorer):
                 "request_mode='text' renders conversations locally: pass the reward model's tokenizer (with its chat "
                 "template), or use request_mode='messages' to let the server render them."
             )
-        for label, value in (("batch_size", batch_size), ("max_concurrency", max_concurrency)):
-            if value < 1:
-                raise ValueError(f"{label}={value} must be >= 1.")
-        if not timeout > 0 or max_retries < 0:
-            raise ValueError(f"timeout={timeout} must be > 0 and max_retries={max_retries} >= 0.")
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be >= 1.")
+        self.endpoint = OpenAIEndpoint(
+            base_url,
+            api_key_env=api_key_env,
+            max_concurrency=max_concurrency,
+            timeout=timeout,
+            max_retries=max_retries,
+        )
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.path = "/" + path.lstrip("/")
@@ -365,14 +371,7 @@ class ServedRewardModelScorer(_ResponseOnlyScorer):
         self.use_activation = use_activation
         self.label_index = label_index
         self.batch_size = batch_size
-        self.max_concurrency = max_concurrency
-        self.timeout = float(timeout)
-        self.max_retries = max_retries
-        self.api_key_env = api_key_env
         self.fallback_reward = fallback_reward
-        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Any, asyncio.Semaphore]] = (
-            weakref.WeakKeyDictionary()
-        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.base_url + self.path!r}, model={self.model!r})"
@@ -397,15 +396,12 @@ class ServedRewardModelScorer(_ResponseOnlyScorer):
         return [score for chunk in results for score in chunk]
 
     async def _request(self, body: dict[str, Any], size: int) -> list[float | None]:
-        import openai
-
-        client, semaphore = self._resources()
         payload = {"model": self.model, **body}
         if self.use_activation is not None:
             payload["use_activation"] = self.use_activation
         try:
-            async with semaphore:
-                reply = await client.post(self.path, cast_to=object, body=payload)
+            client = await self.endpoint.client()
+            reply = await client.post(self.path, cast_to=object, body=payload)
             return _classify_scores(reply, size, self.label_index)
         except (openai.APIError, ValueError, KeyError, TypeError, IndexError) as error:
             with self._stats_lock:
@@ -420,22 +416,6 @@ class ServedRewardModelScorer(_ResponseOnlyScorer):
                 self.fallback_reward,
             )
             return [self.fallback_reward] * size
-
-    def _resources(self) -> tuple[Any, asyncio.Semaphore]:
-        import os
-
-        import openai
-
-        loop = asyncio.get_running_loop()
-        resources = self._per_loop.get(loop)
-        if resources is None:
-            key = os.environ.get(self.api_key_env) if self.api_key_env else None
-            client = openai.AsyncOpenAI(
-                base_url=self.base_url, api_key=key or "EMPTY", max_retries=self.max_retries, timeout=self.timeout
-            )
-            resources = (client, asyncio.Semaphore(self.max_concurrency))
-            self._per_loop[loop] = resources
-        return resources
 
 
 def _classify_scores(reply: Any, size: int, label_index: int) -> list[float]:
