@@ -15,6 +15,9 @@
   arrives but cannot be parsed is followed by a repair request; both LLM judges go through it;
 - the API key read from an environment variable named in the config and never logged or shown in ``repr``.
 
+The HTTP part (one SDK client per event loop, its retries, the concurrency bound, the deadline, the counters) is
+`OpenAIEndpoint`, which the served RLMT reward model (`trl_ext.rewards.rlmt.ServedRewardModelScorer`) uses too.
+
 After the SDK's retries `chat` raises `ChatCallError`; callers decide what a failure means (the span judge gives the
 rollout zero credit). `BackgroundEventLoop` runs coroutines from synchronous code (a trainer) on a daemon thread.
 """
