@@ -50,7 +50,7 @@ def make_request(tokenizer, text=TRACE, **overrides):
 
 
 def make_judge(server, **overrides):
-    client_settings = dict(max_concurrency=8, timeout=5.0, max_retries=1, backoff_initial=0.01, backoff_max=0.02)
+    client_settings = dict(max_concurrency=8, timeout=5.0, max_retries=1)
     client_settings.update(overrides.pop("client", {}))
     client = AsyncChatClient(server.base_url, "judge", **client_settings)
     return SpanJudge(client, **overrides)

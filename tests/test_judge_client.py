@@ -1,5 +1,6 @@
-"""`AsyncChatClient` and `ScriptedChatServer`: retries, backoff, timeouts, concurrency, structured-output fallback,
-API-key hygiene — against a real HTTP server on 127.0.0.1."""
+"""`AsyncChatClient` and `ScriptedChatServer`: the SDK's retries and backoff as the client uses and counts them,
+timeouts, concurrency, structured-output fallback, asking again for a usable reply (`chat_parsed`), API-key hygiene —
+against a real HTTP server on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 import openai
 import pytest
 
-from trl_ext.judge import AsyncChatClient, BackgroundEventLoop, ChatCallError
+from trl_ext.judge import AsyncChatClient, BackgroundEventLoop, ChatCallError, ParsedReply
 from trl_ext.testing_server import (
     ErrorReply,
     HangReply,
@@ -27,7 +28,7 @@ USER = [{"role": "user", "content": "hi"}]
 
 
 def make_client(server, **overrides):
-    settings = dict(max_concurrency=8, timeout=5.0, max_retries=3, backoff_initial=0.01, backoff_max=0.05, seed=0)
+    settings = dict(max_concurrency=8, timeout=5.0, max_retries=3)
     settings.update(overrides)
     return AsyncChatClient(server.base_url, "judge-model", **settings)
 
@@ -133,39 +134,79 @@ def test_tool_calls_are_returned_as_plain_dicts_ready_to_append():
     assert server.requests[0]["tools"][0]["function"]["name"] == "view_tokens"
 
 
-def test_429_is_retried_with_backoff_honouring_retry_after():
+def test_429_is_retried_by_the_sdk_honouring_retry_after_and_counted():
     script = replies_in_order(
         [ErrorReply(429, retry_after=0.3), ErrorReply(429, retry_after=0.3)], then=TextReply("ok")
     )
     with ScriptedChatServer(script) as server:
-        client = make_client(server, backoff_max=1.0)
+        client = make_client(server)
         started = time.perf_counter()
         result = run(client.chat(USER))
         elapsed = time.perf_counter() - started
     assert result.content == "ok" and result.attempts == 3 and len(server.requests) == 3
-    assert elapsed >= 0.6  # two Retry-After waits of 0.3 s (our own backoff alone would be ~0.02 s)
-    assert (client.stats.rate_limited, client.stats.retries, client.stats.failures) == (2, 2, 0)
+    assert elapsed >= 0.6  # two Retry-After waits of 0.3 s
+    assert (client.stats.requests, client.stats.rate_limited, client.stats.retries, client.stats.failures) == (
+        3,
+        2,
+        2,
+        0,
+    )
+
+
+@pytest.mark.parametrize("status", [408, 409, 429, 500, 502, 503])
+def test_the_statuses_the_sdk_retries_are_retried(status):
+    script = replies_in_order([ErrorReply(status, retry_after=0.01)], then=TextReply("ok"))
+    with ScriptedChatServer(script) as server:
+        client = make_client(server)
+        result = run(client.chat(USER))
+    assert (result.content, result.attempts, client.stats.retries) == ("ok", 2, 1)
+    assert client.stats.server_errors == (1 if status >= 500 else 0)
 
 
 def test_500s_exhaust_the_retries_and_raise_a_counted_error():
-    with ScriptedChatServer(lambda request: ErrorReply(500, "down")) as server:
+    with ScriptedChatServer(lambda request: ErrorReply(500, "down", retry_after=0.01)) as server:
         client = make_client(server, max_retries=2)
         with pytest.raises(ChatCallError, match="failed after 3 attempt") as caught:
             run(client.chat(USER))
     assert (caught.value.kind, caught.value.status, caught.value.attempts) == ("server_error", 500, 3)
     assert len(server.requests) == 3
-    assert (client.stats.server_errors, client.stats.failures) == (3, 1)
+    assert (client.stats.server_errors, client.stats.retries, client.stats.failures) == (3, 2, 1)
 
 
-def test_backoff_grows_exponentially():
-    with ScriptedChatServer(lambda request: ErrorReply(503)) as server:
-        client = make_client(server, max_retries=3, backoff_initial=0.1, backoff_max=10)
-        started = time.perf_counter()
+def test_without_retry_after_the_sdk_backs_off_exponentially():
+    arrivals = []
+
+    def script(request):
+        arrivals.append(time.perf_counter())
+        return ErrorReply(503)
+
+    with ScriptedChatServer(script) as server:
         with pytest.raises(ChatCallError):
-            run(client.chat(USER))
-        elapsed = time.perf_counter() - started
-    # delays 0.1·2^k·jitter, jitter in [0.5, 1]: total in [0.35, 0.7] plus request time
-    assert 0.35 <= elapsed < 2.0
+            run(make_client(server, max_retries=2).chat(USER))
+    first_gap, second_gap = arrivals[1] - arrivals[0], arrivals[2] - arrivals[1]
+    # The SDK's backoff (about 0.5 s, doubling, less up to 25% jitter), not an immediate re-send.
+    assert first_gap >= 0.2 and second_gap >= 1.3 * first_gap
+
+
+def test_a_slot_is_not_held_during_the_backoff():
+    def script(request):
+        if last_user_text(request) == "slow" and len(server.requests) == 1:
+            return ErrorReply(429, retry_after=1.0)
+        return TextReply(last_user_text(request))
+
+    with ScriptedChatServer(script) as server:
+        client = make_client(server, max_concurrency=1)
+
+        async def both():
+            slow = asyncio.ensure_future(client.chat([{"role": "user", "content": "slow"}]))
+            await asyncio.sleep(0.2)  # the slow call has had its 429 and is backing off
+            started = time.perf_counter()
+            fast = await client.chat([{"role": "user", "content": "fast"}])
+            return time.perf_counter() - started, fast, await slow
+
+        waited, fast, slow = run(both())
+    assert (fast.content, slow.content, slow.attempts) == ("fast", "slow", 2)
+    assert waited < 0.6  # the only slot was free while the slow call waited out its Retry-After
 
 
 def test_a_hanging_server_times_out_per_attempt_and_is_retried():
@@ -201,22 +242,92 @@ def test_connection_refused_is_retried_then_reported():
     server = ScriptedChatServer(lambda request: TextReply("ok")).start()
     base_url = server.base_url
     server.stop()
-    client = AsyncChatClient(base_url, "m", max_retries=1, backoff_initial=0.01, backoff_max=0.02, timeout=2)
+    client = AsyncChatClient(base_url, "m", max_retries=1, timeout=2)
     with pytest.raises(ChatCallError) as caught:
         run(client.chat(USER))
     assert caught.value.kind == "connection" and caught.value.attempts == 2
 
 
-@pytest.mark.parametrize(
-    "body",
-    ['{"choices": []}', "not json", "", '{"choices": [{"message": {"content": 5}}]}', '{"choices": [{}]}'],
-)
-def test_malformed_responses_are_retried_then_reported(body):
+MALFORMED_BODIES = [
+    '{"choices": []}',
+    "not json",
+    "",
+    '{"choices": [{"message": {"content": 5}}]}',
+    '{"choices": [{}]}',
+]
+
+
+@pytest.mark.parametrize("body", MALFORMED_BODIES)
+def test_a_reply_that_is_not_a_chat_completion_is_reported_at_once(body):
+    """A 2xx is not retried by the SDK, nor by `chat`; `chat_parsed` is where such a reply is asked for again."""
     with ScriptedChatServer(lambda request: RawReply(body)) as server:
+        client = make_client(server, max_retries=1)
         with pytest.raises(ChatCallError) as caught:
-            run(make_client(server, max_retries=1).chat(USER))
-        assert len(server.requests) == 2
-    assert (caught.value.kind, caught.value.attempts) == ("bad_response", 2)
+            run(client.chat(USER))
+        assert len(server.requests) == 1
+    assert (caught.value.kind, caught.value.attempts, client.stats.failures) == ("bad_response", 1, 1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# chat_parsed: asking again for a usable reply
+# ----------------------------------------------------------------------------------------------------------------
+def parse_number(text):
+    return int(text)  # ValueError for anything else
+
+
+def repair(error):
+    return f"Reply with a number only ({error})."
+
+
+def test_chat_parsed_repairs_an_unparseable_reply_in_the_conversation():
+    script = replies_in_order([TextReply("seven"), ErrorReply(500, retry_after=0.01)], then=TextReply("7"))
+    with ScriptedChatServer(script) as server:
+        parsed = run(make_client(server).chat_parsed(USER, parse_number, repairs=1, repair_prompt=repair))
+        sent = server.requests
+    assert parsed == ParsedReply(status="ok", value=7, raw_output="7", requests=3, repairs=1)
+    assert sent[2]["messages"][:2] == [*USER, {"role": "assistant", "content": "seven"}]
+    assert (
+        sent[2]["messages"][2]["role"] == "user"
+        and "number only (invalid literal" in sent[2]["messages"][2]["content"]
+    )
+
+
+def test_chat_parsed_gives_up_after_its_repairs():
+    with ScriptedChatServer(lambda request: TextReply("no idea")) as server:
+        parsed = run(make_client(server).chat_parsed(USER, parse_number, repairs=2, repair_prompt=repair))
+        assert len(server.requests) == 3
+    assert (parsed.status, parsed.value, parsed.raw_output, parsed.requests, parsed.repairs) == (
+        "unparseable",
+        None,
+        "no idea",
+        3,
+        2,
+    )
+    assert "invalid literal" in parsed.error
+
+
+@pytest.mark.parametrize("body", MALFORMED_BODIES)
+def test_chat_parsed_sends_the_same_request_again_after_a_malformed_completion(body):
+    with ScriptedChatServer(replies_in_order([RawReply(body)], then=TextReply("3"))) as server:
+        parsed = run(make_client(server).chat_parsed(USER, parse_number, repairs=1, repair_prompt=repair))
+        assert [request["messages"] for request in server.requests] == [USER, USER]
+    assert (parsed.status, parsed.value, parsed.requests, parsed.repairs) == ("ok", 3, 2, 1)
+
+
+def test_chat_parsed_reports_an_endpoint_failure_without_a_follow_up():
+    with ScriptedChatServer(lambda request: ErrorReply(401, "bad key")) as server:
+        parsed = run(make_client(server).chat_parsed(USER, parse_number, repairs=3, repair_prompt=repair))
+        assert len(server.requests) == 1
+    assert (parsed.status, parsed.requests, parsed.repairs) == ("failed", 1, 0) and "client_error 401" in parsed.error
+
+
+def test_chat_parsed_starts_from_a_reply_already_received():
+    with ScriptedChatServer(lambda request: TextReply("5")) as server:
+        client = make_client(server)
+        first = run(client.chat(USER))
+        parsed = run(client.chat_parsed(USER, parse_number, repairs=1, repair_prompt=repair, first=first))
+        assert len(server.requests) == 1
+    assert (parsed.status, parsed.value, parsed.requests, parsed.repairs) == ("ok", 5, 0, 0)
 
 
 def test_http_clients_are_closed_with_their_event_loop():
@@ -227,7 +338,7 @@ def test_http_clients_are_closed_with_their_event_loop():
 
         async def call_and_capture():
             result = await client.chat(USER)
-            return result.content, client._per_loop[asyncio.get_running_loop()].client
+            return result.content, await client.endpoint.client()
 
         content, http_client = run(call_and_capture())
         assert content == "ok" and http_client.is_closed()
@@ -318,7 +429,6 @@ def test_one_client_serves_several_event_loops():
         ({"max_concurrency": 0}, "max_concurrency"),
         ({"timeout": 0}, "timeout"),
         ({"max_retries": -1}, "max_retries"),
-        ({"backoff_initial": 2.0, "backoff_max": 1.0}, "backoff"),
         ({"structured_output": "maybe"}, "structured_output"),
     ],
 )
@@ -326,3 +436,11 @@ def test_client_settings_are_validated(overrides, message):
     settings = {"base_url": "http://127.0.0.1:1/v1", "model": "m", **overrides}
     with pytest.raises(ValueError, match=message):
         AsyncChatClient(settings.pop("base_url"), settings.pop("model"), **settings)
+
+
+@pytest.mark.parametrize("removed", ["backoff_initial", "backoff_max", "seed"])
+def test_the_removed_backoff_settings_are_an_error_that_says_why(removed):
+    with pytest.raises(TypeError, match=f"{removed}.*openai SDK's exponential backoff"):
+        AsyncChatClient("http://127.0.0.1:1/v1", "m", **{removed: 1})
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        AsyncChatClient("http://127.0.0.1:1/v1", "m", max_retry=1)

@@ -1,4 +1,4 @@
-"""`insert_markers` / `build_marked_trace`: the marker invariants on real tokenizations (SPEC §2)."""
+"""`insert_markers` / `build_marked_trace`: the marker invariants on real tokenizations (docs/judge_credit.md)."""
 
 from __future__ import annotations
 

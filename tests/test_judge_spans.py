@@ -1,4 +1,4 @@
-"""Parsing and validating the judge's spans on a corpus of bad outputs (SPEC §2)."""
+"""Parsing and validating the judge's spans on a corpus of bad outputs (docs/judge_credit.md)."""
 
 from __future__ import annotations
 

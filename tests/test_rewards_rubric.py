@@ -12,7 +12,7 @@ import pytest
 from trl_ext.rewards import RubricJudgeConfig, RubricJudgeReward, RubricParseError, metric_path, parse_rubric_scores
 from trl_ext.testing_server import ErrorReply, HangReply, ScriptedChatServer, TextReply, replies_in_order
 
-FAST = dict(api_key_env=None, max_retries=1, backoff_initial=0.0, backoff_max=0.0, timeout=5.0)
+FAST = dict(api_key_env=None, max_retries=1, timeout=5.0)
 
 
 def scores_json(precision, recall, explanation="ok"):
@@ -78,6 +78,11 @@ def test_unparseable_replies_raise(text, message):
 def test_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ValueError, match=message):
         RubricJudgeConfig(**kwargs)
+
+
+def test_the_removed_backoff_settings_are_an_error_that_says_why():
+    with pytest.raises(TypeError, match="backoff_initial, backoff_max.*openai SDK's exponential backoff"):
+        RubricJudgeReward(model="judge", backoff_initial=0.5, backoff_max=4.0)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -151,7 +156,7 @@ def test_unparseable_and_failing_judgements_get_the_fallback_and_are_counted():
         if prediction == "out of range":
             return scores_json(42, 3)
         if prediction == "server error":
-            return ErrorReply(500, "judge crashed")
+            return ErrorReply(500, "judge crashed", retry_after=0.01)
         return scores_json(10, 10)
 
     with ScriptedChatServer(script) as server:

@@ -1,4 +1,4 @@
-"""RLMT (SPEC §5): formats, `split_thinking`, reward-model scorers (local and served), DPO pairs, `RLMTTrainer`."""
+"""RLMT (docs/rlmt.md): formats, `split_thinking`, reward-model scorers (local, served), DPO pairs, `RLMTTrainer`."""
 
 from __future__ import annotations
 

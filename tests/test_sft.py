@@ -1,5 +1,5 @@
-"""Small-holdout cold start (SPEC §1.4): the split, a scripted teacher over HTTP, filtering, stepwise SFT rows,
-and TRL's SFTTrainer with LoRA on those rows."""
+"""Small-holdout cold start (docs/cold_start.md): the split, a scripted teacher over HTTP, filtering, stepwise SFT
+rows, and TRL's SFTTrainer with LoRA on those rows."""
 
 from __future__ import annotations
 

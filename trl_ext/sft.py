@@ -1,4 +1,4 @@
-"""Small-holdout cold-start SFT for RLM training (SPEC §1.4).
+"""Small-holdout cold-start SFT for RLM training (docs/cold_start.md).
 
 A small model scores pass@16 = 0 on the RLM scaffold without SFT. What works (the RLM blog): SFT on teacher traces
 of a **small held-out part** of the RL data (a few dozen examples), keeping only clean traces. SFT on the whole RL
@@ -30,13 +30,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .judge.client import AsyncChatClient, BackgroundEventLoop, ChatCallError
-from .rewards._text import last_user_text
 from .rewards.span_f1 import CharSpanF1Reward
 from .rlm import Completion, RLMEngine, RLMScaffoldConfig, RLMTask, RolloutTree
+from .text import last_user_text
 
 logger = logging.getLogger(__name__)
 
-# Above either bound the cold-start set is no longer "a few dozen held-out examples" (SPEC §1.4).
+# Above either bound the cold-start set is no longer "a few dozen held-out examples" (docs/cold_start.md).
 DEFAULT_MAX_SFT_FRACTION = 0.1
 DEFAULT_MAX_SFT_EXAMPLES = 128
 
@@ -67,7 +67,7 @@ def split_cold_start(dataset: Any, n: int = 32, seed: int = 0) -> tuple[Any, Any
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n < size:
         raise ValueError(
             f"n={n!r} must be an int with 1 <= n < len(dataset) = {size}: hold out a few dozen examples and keep "
-            "the rest for RL (SPEC §1.4 uses ~32)."
+            "the rest for RL (the default is 32; see docs/cold_start.md)."
         )
     held_out = sorted(random.Random(seed).sample(range(size), n))
     held_out_set = set(held_out)
@@ -286,7 +286,7 @@ def generate_teacher_traces(
     tasks, owners = [], []
     for index, row in enumerate(rows):
         prompt = row[prompt_column]
-        task = prompt if isinstance(prompt, str) else last_user_text(prompt)
+        task = last_user_text(prompt)
         context = row.get(context_column) if context_column is not None else None
         for sample in range(num_samples):
             tasks.append(RLMTask(prompt=task, context=context))
@@ -434,7 +434,7 @@ def traces_to_sft_rows(
     include_children: bool = True,
     num_rl_examples: int | None = None,
 ) -> Any:
-    """One SFT row per turn of every kept trace: the stepwise samples of SPEC §1.2 with the teacher's actions.
+    """One SFT row per turn of every kept trace: stepwise samples (docs/stepwise_rlm.md) with the teacher's actions.
 
     Each row is ``prompt`` = the turn's messages (system, REPL history, fresh user message), exactly as the
     scaffold rebuilt them, and ``completion`` = ``[{"role": "assistant", "content": action}]``: a conversational

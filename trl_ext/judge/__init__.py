@@ -1,12 +1,20 @@
-"""Token-span LLM-judge credit (SPEC §2): markers, span validation, credit and λ cap, the judge and its client.
+"""Token-span LLM-judge credit: markers, span validation, credit and λ cap, the judge and its client.
 
 The folder reads in pipeline order: `markers` (what the judge sees) → `judge` with `prompts` and `tools` (the
 conversation, over `client`) → `spans` (what it said, validated) → `credit` (what it is worth) → `audit` (what was
-recorded). The trainer that wires it into GRPO is `trl_ext.trainers.judge_credit.JudgeCreditTrainer`.
+recorded). The trainer that wires it into GRPO is `trl_ext.trainers.judge_credit.JudgeCreditTrainer`; the method
+and its settings are described in docs/judge_credit.md.
 """
 
 from .audit import JudgeAuditLog, text_hash
-from .client import AsyncChatClient, BackgroundEventLoop, ChatCallError, ChatClientStats, ChatResult
+from .client import (
+    AsyncChatClient,
+    BackgroundEventLoop,
+    ChatCallError,
+    ChatClientStats,
+    ChatResult,
+    ParsedReply,
+)
 from .credit import DEFAULT_LABEL_SCORES, cap_credit, judge_share, per_token_advantages, span_credit
 from .judge import JudgeRequest, JudgeVerdict, SpanJudge, extract_final_answer
 from .markers import MarkedTrace, build_marked_trace, format_marker, insert_markers, strip_markers
@@ -37,6 +45,7 @@ __all__ = [
     "JudgeTools",
     "JudgeVerdict",
     "MarkedTrace",
+    "ParsedReply",
     "PythonSandbox",
     "ReplSandbox",
     "Span",

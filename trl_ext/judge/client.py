@@ -2,32 +2,40 @@
 
 `AsyncChatClient` wraps `openai.AsyncOpenAI` with what a training loop needs from a remote judge:
 
-- **bounded concurrency**: at most ``max_concurrency`` requests in flight per event loop (a semaphore held only
-  while a request is on the wire, not during backoff);
-- **a per-request deadline** (``timeout`` seconds, wall clock, including a server that accepts and never answers);
-- **retries with exponential backoff** and jitter on 429, 408/409/425, 5xx, timeouts and connection errors,
-  honouring ``Retry-After`` (capped at ``backoff_max``); other 4xx fail at once;
+- **retries** are the openai SDK's own: it re-sends on 408, 409, 429, 5xx, timeouts and connection errors, with
+  exponential backoff and jitter, honouring ``Retry-After``, up to ``max_retries`` times; other 4xx fail at once;
+- **bounded concurrency**: at most ``max_concurrency`` HTTP requests in flight per event loop (a slot is held by one
+  attempt on the wire, not during the SDK's backoff);
+- **a per-attempt deadline** (``timeout`` seconds, wall clock, including a server that accepts and never answers);
+- **counters** (`ChatClientStats`): every attempt, the SDK's retries among them, timeouts, 429s and 5xx are counted
+  where they happen, in the SDK's HTTP client (`_MeteredHttpClient`);
 - **structured output with fallback**: in ``structured_output="auto"`` a ``response_format`` the endpoint rejects
   (HTTP 400/422) is dropped for the rest of the client's life and the request is re-sent without it;
+- **asking again for a usable reply** (`AsyncChatClient.chat_parsed`), which no HTTP client can do: a reply that
+  arrives but cannot be parsed is followed by a repair request; both LLM judges go through it;
 - the API key read from an environment variable named in the config and never logged or shown in ``repr``.
 
-After the retries it raises `ChatCallError`; callers decide what a failure means (the span judge gives the rollout
-zero credit). `BackgroundEventLoop` runs coroutines from synchronous code (a trainer) on a daemon thread.
+The HTTP part (one SDK client per event loop, its retries, the concurrency bound, the deadline, the counters) is
+`OpenAIEndpoint`, which the served RLMT reward model (`trl_ext.rewards.rlmt.ServedRewardModelScorer`) uses too.
+
+After the SDK's retries `chat` raises `ChatCallError`; callers decide what a failure means (the span judge gives the
+rollout zero credit). `BackgroundEventLoop` runs coroutines from synchronous code (a trainer) on a daemon thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
+import importlib
 import logging
 import os
-import random
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import openai
 
@@ -36,17 +44,32 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 STRUCTURED_OUTPUT_MODES = ("auto", "on", "off")
-RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
+
+# Settings of the hand-written backoff that the SDK's retries replaced. The SDK has no equivalent knobs, so a value
+# would be silently ignored: passing one is an error that says so.
+REMOVED_RETRY_OPTIONS = ("backoff_initial", "backoff_max", "seed")
+
+
+def reject_removed_retry_options(options: Mapping[str, Any], owner: str) -> None:
+    """Raise a `TypeError` naming the removed backoff settings found in ``options`` (see `REMOVED_RETRY_OPTIONS`)."""
+    removed = [name for name in REMOVED_RETRY_OPTIONS if name in options]
+    if removed:
+        raise TypeError(
+            f"{owner} got {', '.join(removed)}, which no longer exist: retries use the openai SDK's exponential "
+            "backoff with jitter (honouring Retry-After), which has no such settings. Remove them; max_retries and "
+            "timeout still apply."
+        )
 
 
 class ChatCallError(RuntimeError):
-    """A chat request failed for good (after retries, or at once for a non-retryable error).
+    """A chat request failed for good (after the SDK's retries, or at once for an error it does not retry).
 
     Attributes:
-        kind: ``"timeout"``, ``"rate_limit"``, ``"server_error"``, ``"connection"``, ``"client_error"`` or
-            ``"bad_response"``.
+        kind: ``"timeout"``, ``"rate_limit"``, ``"server_error"`` (5xx, 408, 409), ``"connection"``,
+            ``"client_error"`` (other 4xx) or ``"bad_response"`` (a 2xx whose body is not a chat completion; not
+            re-sent here, `AsyncChatClient.chat_parsed` asks again).
         status: the last HTTP status, when there was one.
-        attempts: requests sent.
+        attempts: HTTP requests sent.
     """
 
     def __init__(self, message: str, *, kind: str, status: int | None, attempts: int):
@@ -63,7 +86,7 @@ class ChatResult:
             to be appended to the conversation.
         finish_reason: the choice's finish reason.
         latency_s: wall time of the call, retries and backoff included.
-        attempts: requests sent (1 = no retry).
+        attempts: HTTP requests sent (1 = no retry).
         structured: whether ``response_format`` was sent with the successful request.
         usage: token usage reported by the endpoint, if any.
     """
@@ -85,8 +108,44 @@ class ChatResult:
 
 
 @dataclass
+class ParsedReply(Generic[T]):
+    """What `AsyncChatClient.chat_parsed` got.
+
+    Attributes:
+        status: ``"ok"``, ``"unparseable"`` (the last reply did not parse) or ``"failed"`` (`ChatCallError`: the
+            endpoint failed after the SDK's retries, or its last reply was not a chat completion).
+        value: what ``parse`` returned, when ``"ok"``.
+        error: why not ``"ok"``.
+        raw_output: the text of the last reply (``None`` when there was none).
+        requests: HTTP requests sent, the SDK's retries included (the ``first`` reply's not counted).
+        repairs: follow-up requests sent after a reply that could not be used.
+    """
+
+    status: str
+    value: T | None = None
+    error: str | None = None
+    raw_output: str | None = None
+    requests: int = 0
+    repairs: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass
 class ChatClientStats:
-    """Counters since the client was created (all event loops together)."""
+    """Counters since the client was created (all event loops together).
+
+    Attributes:
+        requests: HTTP requests sent (every attempt).
+        retries: the SDK's re-sends among them (408/409/429/5xx, timeouts, connection errors).
+        failures: `chat` calls that raised `ChatCallError`.
+        timeouts: attempts that ran out of time.
+        rate_limited: attempts answered 429.
+        server_errors: attempts answered 5xx.
+        structured_fallbacks: times the endpoint rejected ``response_format`` (``structured_output="auto"``).
+    """
 
     requests: int = 0
     retries: int = 0
@@ -98,22 +157,162 @@ class ChatClientStats:
 
 
 @dataclass
-class _Failure:
-    """Why one attempt failed: ``kind`` (see `ChatCallError`), HTTP ``status``, ``Retry-After`` seconds, the error."""
+class _Call:
+    """HTTP attempts of one `AsyncChatClient.chat` call (all of them, and those of the SDK call now running)."""
 
-    kind: str
-    status: int | None
-    retry_after: float | None
-    error: Any
+    attempts: int = 0
+    sdk_attempts: int = 0
+
+
+_CURRENT_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("trl_ext_chat_call", default=None)
+
+
+def _httpx_module() -> Any:
+    """The httpx package the installed openai SDK is built on (``httpx``, or ``httpx2`` in later SDKs)."""
+    base = next(cls for cls in openai.DefaultAsyncHttpxClient.__mro__ if cls.__name__ == "AsyncClient")
+    return importlib.import_module(base.__module__.partition(".")[0])
+
+
+_httpx = _httpx_module()
+
+
+class _MeteredHttpClient(openai.DefaultAsyncHttpxClient):
+    """The SDK's own HTTP client, with every attempt it sends (the first and each retry) going through one
+    concurrency slot, under a wall-clock deadline, and counted. The SDK calls `send` once per attempt, so this is
+    where the retries it makes can be seen."""
+
+    def __init__(self, *, slots: int, deadline: float, count: Callable[..., None], **kwargs: Any):
+        super().__init__(**kwargs)
+        self.semaphore = asyncio.Semaphore(slots)
+        self.deadline = deadline
+        self.count = count  # adds to the owner's counters: count(requests=1, timeouts=1, ...)
+        self.in_flight = 0
+        self.peak_in_flight = 0
+
+    async def send(self, request: Any, **kwargs: Any) -> Any:
+        call = _CURRENT_CALL.get()
+        if call is not None:
+            self.count(requests=1, retries=int(call.sdk_attempts > 0))
+            call.attempts += 1
+            call.sdk_attempts += 1
+        else:
+            self.count(requests=1)
+        async with self.semaphore:
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+            try:
+                response = await asyncio.wait_for(super().send(request, **kwargs), self.deadline)
+            except asyncio.TimeoutError as error:  # the SDK retries the timeout like its own
+                self.count(timeouts=1)
+                raise _httpx.TimeoutException(f"no reply within {self.deadline:g} s", request=request) from error
+            except _httpx.TimeoutException:
+                self.count(timeouts=1)
+                raise
+            finally:
+                self.in_flight -= 1
+        if response.status_code == 429:
+            self.count(rate_limited=1)
+        elif response.status_code >= 500:
+            self.count(server_errors=1)
+        return response
 
 
 @dataclass
 class _LoopResources:
     client: openai.AsyncOpenAI
-    semaphore: asyncio.Semaphore
+    http: _MeteredHttpClient
     closer: Any = None  # an async generator whose `finally` closes `client` when the loop shuts down
-    in_flight: int = 0
-    peak_in_flight: int = 0
+
+
+class OpenAIEndpoint:
+    """An OpenAI-compatible server, for coroutines on any event loop: the HTTP plumbing every trl-ext client shares.
+
+    Each event loop gets its own `openai.AsyncOpenAI` (an HTTP client cannot cross loops), closed when that loop
+    shuts down. The SDK retries (``max_retries``, its exponential backoff, ``Retry-After`` honoured); its HTTP client
+    (`_MeteredHttpClient`) holds every attempt to ``max_concurrency`` in flight per loop and to ``timeout`` seconds
+    of wall clock, and reports each attempt to ``count``.
+
+    Args:
+        base_url: the server root the SDK joins request paths to, e.g. ``"http://127.0.0.1:8000/v1"``.
+        api_key_env: environment variable holding the API key; unset (or ``None``): the placeholder ``"EMPTY"``,
+            which local servers accept. The key is never logged.
+        max_concurrency: HTTP requests in flight at once, per event loop.
+        timeout: seconds one attempt may take, wall clock.
+        max_retries: the SDK's retries after the first attempt (408/409/429/5xx, timeouts, connection errors).
+        count: called with counter increments (``requests``, ``retries``, ``timeouts``, ``rate_limited``,
+            ``server_errors``); ``None`` counts nothing.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key_env: str | None,
+        max_concurrency: int,
+        timeout: float,
+        max_retries: int,
+        count: Callable[..., None] | None = None,
+    ):
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url={base_url!r} must be an http(s) URL such as 'http://127.0.0.1:8000/v1'.")
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency={max_concurrency} must be >= 1.")
+        if not timeout > 0:
+            raise ValueError(f"timeout={timeout} must be > 0 seconds.")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"max_retries={max_retries!r} must be an integer >= 0 (0 = no retry).")
+        self.base_url = base_url
+        self.api_key_env = api_key_env
+        self.max_concurrency = max_concurrency
+        self.timeout = float(timeout)
+        self.max_retries = max_retries
+        self._count = count or _count_nothing
+        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopResources] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    @property
+    def peak_in_flight(self) -> int:
+        """Most HTTP requests ever in flight at once on any one event loop (checks the concurrency bound)."""
+        return max((r.http.peak_in_flight for r in list(self._per_loop.values())), default=0)
+
+    async def client(self) -> openai.AsyncOpenAI:
+        """The SDK client of the running event loop (made on first use)."""
+        loop = asyncio.get_running_loop()
+        resources = self._per_loop.get(loop)
+        if resources is None:
+            http = _MeteredHttpClient(slots=self.max_concurrency, deadline=self.timeout, count=self._count)
+            client = openai.AsyncOpenAI(
+                base_url=self.base_url,
+                api_key=self._api_key(),
+                max_retries=self.max_retries,
+                timeout=self.timeout + 1.0,  # the wall-clock deadline of `_MeteredHttpClient` is the binding one
+                http_client=http,
+            )
+            # `asyncio.run` (and `BackgroundEventLoop.close`) finalise the loop's async generators before closing it:
+            # this one closes the HTTP client there, instead of a garbage-collected client trying to on a dead loop.
+            closer = _close_on_shutdown(client)
+            await closer.__anext__()
+            resources = _LoopResources(client, http, closer)
+            self._per_loop[loop] = resources
+        return resources.client
+
+    async def aclose(self) -> None:
+        """Close the SDK client of the running event loop."""
+        resources = self._per_loop.pop(asyncio.get_running_loop(), None)
+        if resources is not None:
+            await resources.closer.aclose()
+
+    def _api_key(self) -> str:
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        if not key:
+            logger.debug("Env var %r is unset: sending a placeholder API key.", self.api_key_env)
+            return "EMPTY"
+        return key
+
+
+def _count_nothing(**increments: int) -> None:
+    pass
 
 
 class AsyncChatClient:
@@ -124,15 +323,15 @@ class AsyncChatClient:
         model: model name sent with every request.
         api_key_env: name of the environment variable holding the API key. When it is unset (or ``None``) the
             placeholder ``"EMPTY"`` is sent, which local servers accept.
-        max_concurrency: requests in flight at once, per event loop.
-        timeout: seconds one request may take, wall clock.
-        max_retries: retries after the first attempt for retryable errors.
-        backoff_initial: delay before the first retry, seconds; doubles each retry (times a jitter in [0.5, 1]).
-        backoff_max: cap on any single delay, ``Retry-After`` included.
+        max_concurrency: HTTP requests in flight at once, per event loop.
+        timeout: seconds one attempt may take, wall clock.
+        max_retries: the SDK's retries after the first attempt (408/409/429/5xx, timeouts, connection errors).
         structured_output: ``"auto"`` (send ``response_format`` when given, drop it if the endpoint rejects it),
             ``"on"`` (always send; a rejection is an error) or ``"off"`` (never send).
         request_params: extra parameters for every request (e.g. ``{"temperature": 0.0, "max_tokens": 2048}``).
-        seed: seeds the backoff jitter.
+
+    The former ``backoff_initial``, ``backoff_max`` and ``seed`` are gone with the hand-written backoff (the SDK's
+    has no such settings); passing them raises a `TypeError` that says so.
     """
 
     def __init__(
@@ -144,44 +343,30 @@ class AsyncChatClient:
         max_concurrency: int = 32,
         timeout: float = 120.0,
         max_retries: int = 3,
-        backoff_initial: float = 1.0,
-        backoff_max: float = 30.0,
         structured_output: str = "auto",
         request_params: dict[str, Any] | None = None,
-        seed: int | None = None,
+        **removed: Any,
     ):
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url={base_url!r} must be an http(s) URL such as 'http://127.0.0.1:8000/v1'.")
+        reject_removed_retry_options(removed, type(self).__name__)
+        if removed:
+            raise TypeError(f"{type(self).__name__} got unexpected keyword arguments {sorted(removed)}.")
         if not model:
             raise ValueError("model must name the judge model served at base_url, e.g. 'Qwen/Qwen3-8B'.")
-        if max_concurrency < 1:
-            raise ValueError(f"max_concurrency={max_concurrency} must be >= 1.")
-        if not timeout > 0:
-            raise ValueError(f"timeout={timeout} must be > 0 seconds.")
-        if max_retries < 0:
-            raise ValueError(f"max_retries={max_retries} must be >= 0 (0 = no retry).")
-        if backoff_initial < 0 or backoff_max < backoff_initial:
-            raise ValueError(
-                f"backoff_initial={backoff_initial}, backoff_max={backoff_max}: need 0 <= backoff_initial <= backoff_max."
-            )
         if structured_output not in STRUCTURED_OUTPUT_MODES:
             raise ValueError(f"structured_output={structured_output!r} must be one of {STRUCTURED_OUTPUT_MODES}.")
-        self.base_url = base_url
+        self.endpoint = OpenAIEndpoint(
+            base_url,
+            api_key_env=api_key_env,
+            max_concurrency=max_concurrency,
+            timeout=timeout,
+            max_retries=max_retries,
+            count=self._count,
+        )
         self.model = model
-        self.api_key_env = api_key_env
-        self.max_concurrency = max_concurrency
-        self.timeout = float(timeout)
-        self.max_retries = max_retries
-        self.backoff_initial = float(backoff_initial)
-        self.backoff_max = float(backoff_max)
         self.structured_output = structured_output
         self.request_params = dict(request_params or {})
         self.stats = ChatClientStats()
         self._structured_supported = structured_output != "off"
-        self._random = random.Random(seed)
-        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopResources] = (
-            weakref.WeakKeyDictionary()
-        )
         self._stats_lock = threading.Lock()
 
     def __repr__(self) -> str:  # never shows the key
@@ -197,44 +382,33 @@ class AsyncChatClient:
 
     @property
     def peak_in_flight(self) -> int:
-        """Most requests ever in flight at once on any one event loop (checks the concurrency bound)."""
-        return max((r.peak_in_flight for r in list(self._per_loop.values())), default=0)
+        """Most HTTP requests ever in flight at once on any one event loop (checks the concurrency bound)."""
+        return self.endpoint.peak_in_flight
 
-    def _api_key(self) -> str:
-        key = os.environ.get(self.api_key_env) if self.api_key_env else None
-        if not key:
-            logger.debug("Env var %r is unset: sending a placeholder API key.", self.api_key_env)
-            return "EMPTY"
-        return key
+    @property
+    def base_url(self) -> str:
+        return self.endpoint.base_url
 
-    async def _resources(self) -> _LoopResources:
-        loop = asyncio.get_running_loop()
-        resources = self._per_loop.get(loop)
-        if resources is None:
-            client = openai.AsyncOpenAI(
-                base_url=self.base_url,
-                api_key=self._api_key(),
-                max_retries=0,  # retries are ours, so they can be counted and bounded
-                timeout=self.timeout + 1.0,  # the wall-clock deadline below is the binding one
-            )
-            # `asyncio.run` (and `BackgroundEventLoop.close`) finalise the loop's async generators before closing it:
-            # this one closes the HTTP client there, instead of a garbage-collected client trying to on a dead loop.
-            closer = _close_on_shutdown(client)
-            await closer.__anext__()
-            resources = _LoopResources(client, asyncio.Semaphore(self.max_concurrency), closer)
-            self._per_loop[loop] = resources
-        return resources
+    @property
+    def api_key_env(self) -> str | None:
+        return self.endpoint.api_key_env
+
+    @property
+    def max_concurrency(self) -> int:
+        return self.endpoint.max_concurrency
+
+    @property
+    def timeout(self) -> float:
+        return self.endpoint.timeout
+
+    @property
+    def max_retries(self) -> int:
+        return self.endpoint.max_retries
 
     def _count(self, **increments: int) -> None:
         with self._stats_lock:
             for name, value in increments.items():
                 setattr(self.stats, name, getattr(self.stats, name) + value)
-
-    def _delay(self, retry: int, retry_after: float | None) -> float:
-        delay = min(self.backoff_max, self.backoff_initial * (2**retry)) * self._random.uniform(0.5, 1.0)
-        if retry_after is not None:
-            delay = max(delay, min(retry_after, self.backoff_max))
-        return delay
 
     async def chat(
         self,
@@ -245,7 +419,7 @@ class AsyncChatClient:
         response_format: dict[str, Any] | None = None,
         **params: Any,
     ) -> ChatResult:
-        """Send one chat completion request, with retries.
+        """Send one chat completion request (the SDK retries it as needed).
 
         Args:
             messages: the conversation (OpenAI message dicts).
@@ -255,100 +429,145 @@ class AsyncChatClient:
             **params: per-request parameters overriding ``request_params``.
 
         Raises:
-            ChatCallError: after the retries, or at once for a non-retryable error.
+            ChatCallError: after the SDK's retries, at once for an error it does not retry, or for a reply that is
+                not a chat completion (``kind="bad_response"``).
         """
         started = time.perf_counter()
-        attempts, retry = 0, 0
-        while True:
-            use_structured = response_format is not None and self._structured_supported
-            body: dict[str, Any] = {**self.request_params, **params, "model": self.model, "messages": list(messages)}
-            if tools:
-                body["tools"] = list(tools)
-                if tool_choice is not None:
-                    body["tool_choice"] = tool_choice
-            if use_structured:
-                body["response_format"] = response_format
-            attempts += 1
-            outcome = await self._attempt(body)
-            if isinstance(outcome, ChatResult):
-                outcome.latency_s = time.perf_counter() - started
-                outcome.attempts, outcome.structured = attempts, use_structured
-                return outcome
-            kind, status = outcome.kind, outcome.status
-            if kind == "client_error" and status in (400, 422) and use_structured and self.structured_output == "auto":
-                self._structured_supported = False
-                self._count(structured_fallbacks=1)
-                logger.warning(
-                    "Judge endpoint %s rejected response_format (HTTP %s); falling back to free-form JSON replies "
-                    "parsed tolerantly. Set structured_output='off' to skip this probe.",
-                    self.base_url,
-                    status,
-                )
-                continue
-            retryable = kind in ("timeout", "rate_limit", "server_error", "connection", "bad_response")
-            if not retryable or retry >= self.max_retries:
-                self._count(failures=1)
-                raise ChatCallError(
-                    f"Chat request to {self.base_url} (model {self.model!r}) failed after {attempts} attempt(s): "
-                    f"{kind} {status or ''} {outcome.error}".strip(),
-                    kind=kind,
-                    status=status,
-                    attempts=attempts,
-                )
-            delay = self._delay(retry, outcome.retry_after)
-            retry += 1
-            self._count(retries=1)
-            logger.debug("Judge request failed (%s %s); retry %d in %.2fs", kind, status, retry, delay)
-            await asyncio.sleep(delay)
-
-    async def _attempt(self, body: dict[str, Any]) -> ChatResult | _Failure:
-        """Send one request (holding a concurrency slot); classify what went wrong, if anything."""
-        resources = await self._resources()
-        async with resources.semaphore:
-            resources.in_flight += 1
-            resources.peak_in_flight = max(resources.peak_in_flight, resources.in_flight)
-            self._count(requests=1)
-            try:
-                # `post(..., cast_to=object)` (the SDK's documented route for raw calls) returns the JSON body as a
-                # dict: the typed `chat.completions.create` costs ~1 ms of CPU per call in request transforms and
-                # pydantic models, which at 32 calls in flight serialises into tens of ms per wave.
-                response = await asyncio.wait_for(
-                    resources.client.post("/chat/completions", cast_to=object, body=body), self.timeout
-                )
-            except (asyncio.TimeoutError, openai.APITimeoutError) as error:
-                self._count(timeouts=1)
-                return _Failure("timeout", None, None, str(error) or "timed out")
-            except openai.APIStatusError as error:
-                status = error.status_code
-                retry_after = _retry_after_seconds(error)
-                if status == 429:
-                    self._count(rate_limited=1)
-                    return _Failure("rate_limit", status, retry_after, error)
-                if status >= 500:
-                    self._count(server_errors=1)
-                    return _Failure("server_error", status, retry_after, error)
-                if status in RETRYABLE_STATUS:
-                    return _Failure("server_error", status, retry_after, error)
-                return _Failure("client_error", status, None, error)
-            except openai.APIConnectionError as error:
-                return _Failure("connection", None, None, error)
-            except (openai.APIResponseValidationError, ValueError) as error:  # ValueError: a body that is not JSON
-                return _Failure("bad_response", None, None, error)
-            finally:
-                resources.in_flight -= 1
+        call = _Call()
+        token = _CURRENT_CALL.set(call)
         try:
-            return _parse_completion(response)
-        except (KeyError, IndexError, TypeError, AttributeError) as error:
-            return _Failure(
-                "bad_response", None, None, f"malformed chat completion ({error!r}): {str(response)[:200]}"
-            )
+            while True:
+                use_structured = response_format is not None and self._structured_supported
+                body: dict[str, Any] = {
+                    **self.request_params,
+                    **params,
+                    "model": self.model,
+                    "messages": list(messages),
+                }
+                if tools:
+                    body["tools"] = list(tools)
+                    if tool_choice is not None:
+                        body["tool_choice"] = tool_choice
+                if use_structured:
+                    body["response_format"] = response_format
+                client = await self.endpoint.client()
+                call.sdk_attempts = 0
+                try:
+                    # `post(..., cast_to=object)` (the SDK's documented route for raw calls) returns the JSON body as a
+                    # dict: the typed `chat.completions.create` costs ~1 ms of CPU per call in request transforms and
+                    # pydantic models, which at 32 calls in flight serialises into tens of ms per wave.
+                    response = await client.post("/chat/completions", cast_to=object, body=body)
+                    result = _parse_completion(response)
+                except openai.APIStatusError as error:
+                    rejected = error.status_code in (400, 422) and use_structured
+                    if rejected and self.structured_output == "auto":
+                        self._drop_structured_output(error.status_code)
+                        continue
+                    raise self._failure(error, call.attempts) from error
+                except (openai.APIError, ValueError, KeyError, IndexError, TypeError, AttributeError) as error:
+                    raise self._failure(error, call.attempts) from error
+                result.latency_s = time.perf_counter() - started
+                result.attempts, result.structured = call.attempts, use_structured
+                return result
+        finally:
+            _CURRENT_CALL.reset(token)
+
+    async def chat_parsed(
+        self,
+        messages: Sequence[dict[str, Any]],
+        parse: Callable[[str], T],
+        *,
+        repairs: int,
+        repair_prompt: Callable[[ValueError], str],
+        first: ChatResult | None = None,
+        **chat_kwargs: Any,
+    ) -> ParsedReply[T]:
+        """Ask until the reply can be used: the one place where trl-ext retries what the SDK cannot see.
+
+        The SDK re-sends what failed on the wire; this follows up on a reply that arrived but is of no use. When
+        ``parse`` rejects the reply's text (raises `ValueError`), the reply and ``repair_prompt(error)`` (a user
+        message) are appended to the conversation and it is sent again; when the endpoint's reply was not a chat
+        completion at all (`ChatCallError` of kind ``"bad_response"``), the same request is sent again. At most
+        ``repairs`` follow-ups. Never raises `ChatCallError`: a failure is a ``"failed"`` `ParsedReply`.
+
+        Args:
+            messages: the conversation.
+            parse: reply text -> value; raises `ValueError` (e.g. `SpanParseError`) for a reply it cannot use.
+            repairs: follow-up requests allowed (0 = none).
+            repair_prompt: the parse error -> the user message asking for a usable reply.
+            first: a reply to ``messages`` already received (e.g. the last answer of a tool round), parsed first.
+            **chat_kwargs: forwarded to `chat` (``response_format``, ``tools``, sampling parameters, ...).
+        """
+        if repairs < 0:
+            raise ValueError(f"repairs={repairs} must be >= 0 (0 = no follow-up request).")
+        conversation = list(messages)
+        outcome: ParsedReply[T] = ParsedReply(status="failed")
+        reply = first
+        for attempt in range(repairs + 1):
+            outcome.repairs = attempt
+            if reply is None:
+                try:
+                    reply = await self.chat(conversation, **chat_kwargs)
+                except ChatCallError as error:
+                    outcome.requests += error.attempts
+                    outcome.status, outcome.error, outcome.raw_output = "failed", str(error), None
+                    if error.kind == "bad_response":
+                        continue
+                    return outcome
+                outcome.requests += reply.attempts
+            outcome.raw_output = reply.content
+            try:
+                outcome.value = parse(reply.content or "")
+            except ValueError as error:
+                outcome.status, outcome.error = "unparseable", str(error)
+                conversation += [
+                    {"role": "assistant", "content": reply.content or ""},
+                    {"role": "user", "content": repair_prompt(error)},
+                ]
+                reply = None
+                continue
+            outcome.status, outcome.error = "ok", None
+            return outcome
+        return outcome
+
+    def _drop_structured_output(self, status: int) -> None:
+        self._structured_supported = False
+        self._count(structured_fallbacks=1)
+        logger.warning(
+            "Judge endpoint %s rejected response_format (HTTP %s); falling back to free-form JSON replies parsed "
+            "tolerantly. Set structured_output='off' to skip this probe.",
+            self.base_url,
+            status,
+        )
+
+    def _failure(self, error: Exception, attempts: int) -> ChatCallError:
+        """The `ChatCallError` for what the SDK raised (or for a body that is not a chat completion); counted."""
+        status = error.status_code if isinstance(error, openai.APIStatusError) else None
+        if isinstance(error, openai.APITimeoutError):  # before APIConnectionError, its base class
+            kind, detail = "timeout", "timed out"
+        elif status == 429:
+            kind, detail = "rate_limit", str(error)
+        elif status is not None and (status >= 500 or status in (408, 409)):
+            kind, detail = "server_error", str(error)
+        elif status is not None:
+            kind, detail = "client_error", str(error)
+        elif isinstance(error, openai.APIConnectionError):
+            kind, detail = "connection", str(error)
+        else:  # a body that is not JSON, or JSON that is not a chat completion
+            kind, detail = "bad_response", f"not a chat completion ({type(error).__name__}: {error})"
+        self._count(failures=1)
+        what = f"{kind} {status}" if status is not None else kind
+        return ChatCallError(
+            f"Chat request to {self.base_url} (model {self.model!r}) failed after {attempts} attempt(s): "
+            f"{what}: {detail}",
+            kind=kind,
+            status=status,
+            attempts=attempts,
+        )
 
     async def aclose(self) -> None:
         """Close the HTTP client of the running event loop."""
-        loop = asyncio.get_running_loop()
-        resources = self._per_loop.pop(loop, None)
-        if resources is not None:
-            await resources.closer.aclose()
+        await self.endpoint.aclose()
 
 
 def _parse_completion(response: Any) -> ChatResult:
@@ -369,15 +588,6 @@ def _parse_completion(response: Any) -> ChatResult:
     if not isinstance(message["content"], (str, type(None))):
         raise TypeError(f"message content is {type(message['content']).__name__}, not a string")
     return ChatResult(message, choice.get("finish_reason"), 0.0, 0, False, response.get("usage"))
-
-
-def _retry_after_seconds(error: openai.APIStatusError) -> float | None:
-    response = getattr(error, "response", None)
-    value = response.headers.get("retry-after") if response is not None else None
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None  # an HTTP date: fall back to our own backoff
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The agentic span judge: one conversation per rollout, bounded tool rounds, validated spans (SPEC §2).
+"""The agentic span judge: one conversation per rollout, bounded tool rounds, validated spans (docs/judge_credit.md).
 
 `SpanJudge.judge` sends the question, the marked trace, the final answer, the verifier's verdict and the reference
 (when the dataset has one) to an OpenAI-compatible endpoint through `AsyncChatClient`. The judge may call tools
@@ -7,8 +7,8 @@ structured output on that tool-free request where the endpoint supports it; a to
 are validated against the real token text (`trl_ext.judge.spans.validate_spans`).
 
 `SpanJudge.judge` never raises for a judge fault: an endpoint that fails after its retries gives
-``status="failed"``, an answer with no JSON (after one repair request) gives ``status="unparseable"``; both mean
-zero credit for the rollout, and the caller counts them.
+``status="failed"``, an answer with no JSON (after one repair request, `AsyncChatClient.chat_parsed`) gives
+``status="unparseable"``; both mean zero credit for the rollout, and the caller counts them.
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ from .client import AsyncChatClient, ChatCallError
 from .credit import DEFAULT_LABEL_SCORES
 from .markers import MarkedTrace
 from .prompts import FINAL_ROUND_PROMPT, REPAIR_PROMPT, SPANS_RESPONSE_FORMAT, build_messages
-from .spans import DroppedSpan, Span, SpanParseError, extract_span_list, validate_spans
+from .spans import DroppedSpan, Span, extract_span_list, validate_spans
 from .tools import TOOL_NAMES, JudgeTools, PythonSandbox, ReplSandbox
 
 logger = logging.getLogger(__name__)
 
 VERDICT_STATUSES = ("ok", "failed", "unparseable")
+REPAIR_REQUESTS = 1  # follow-up requests after an answer with no span list
 
 
 @dataclass
@@ -113,7 +114,8 @@ class SpanJudge:
 
     Args:
         client: the endpoint (`AsyncChatClient`); share one between judges to share its concurrency bound.
-        label_scores: label -> score table (keys are the labels the judge may use); default SPEC §2.
+        label_scores: label -> score table (keys are the labels the judge may use); default
+            `trl_ext.judge.credit.DEFAULT_LABEL_SCORES`.
         tools: names of the tools offered (subset of `trl_ext.judge.tools.TOOL_NAMES`); empty for none.
         max_tool_rounds: rounds of tool calls before the judge must answer.
         max_tool_calls_per_round: tool calls executed per round; extra ones get an error message.
@@ -193,38 +195,39 @@ class SpanJudge:
             tool_names=list(self.tools) if use_tools else [],
             max_rounds=self.max_tool_rounds if use_tools else 0,
         )
-        rounds, repaired = 0, False
+        rounds = 0
         while True:
             offer_tools = use_tools and rounds < self.max_tool_rounds
             # Structured output only on tool-free requests: a JSON grammar would forbid tool calls on some servers.
-            result = await self.client.chat(
+            answer = await self.client.chat(
                 messages,
                 tools=tools.schemas if offer_tools else None,
                 response_format=None if offer_tools else SPANS_RESPONSE_FORMAT,
             )
-            verdict.requests += result.attempts
-            if offer_tools and result.tool_calls:
-                rounds += 1
-                messages.append(result.message)
-                messages.extend(await self._run_tools(result.tool_calls, tools))
-                if rounds >= self.max_tool_rounds:
-                    messages.append({"role": "user", "content": FINAL_ROUND_PROMPT})
-                continue
-            verdict.raw_output = result.content or ""
-            try:
-                items = extract_span_list(verdict.raw_output)
-            except SpanParseError as error:
-                if repaired:
-                    verdict.status, verdict.error = "unparseable", str(error)
-                    return
-                repaired = True
-                rounds = self.max_tool_rounds  # the repair request offers no tools
-                messages.append({"role": "assistant", "content": verdict.raw_output})
-                messages.append({"role": "user", "content": REPAIR_PROMPT})
-                continue
-            validation = validate_spans(items, request.trace, self.label_scores)
-            verdict.status, verdict.spans, verdict.dropped = "ok", validation.valid, validation.dropped
+            verdict.requests += answer.attempts
+            if not (offer_tools and answer.tool_calls):
+                break
+            rounds += 1
+            messages.append(answer.message)
+            messages.extend(await self._run_tools(answer.tool_calls, tools))
+            if rounds >= self.max_tool_rounds:
+                messages.append({"role": "user", "content": FINAL_ROUND_PROMPT})
+        # The answer has no tool calls: read its span list, asking again (without tools) when there is none.
+        parsed = await self.client.chat_parsed(
+            messages,
+            extract_span_list,
+            repairs=REPAIR_REQUESTS,
+            repair_prompt=lambda error: REPAIR_PROMPT,
+            first=answer,
+            response_format=SPANS_RESPONSE_FORMAT,
+        )
+        verdict.requests += parsed.requests
+        verdict.raw_output = parsed.raw_output or ""
+        if not parsed.ok:
+            verdict.status, verdict.error = parsed.status, parsed.error
             return
+        validation = validate_spans(parsed.value, request.trace, self.label_scores)
+        verdict.status, verdict.spans, verdict.dropped = "ok", validation.valid, validation.dropped
 
     async def _run_tools(self, calls: list[dict[str, Any]], tools: JudgeTools) -> list[dict[str, Any]]:
         async def run(index: int, call: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Token-index markers ``⟦i⟧`` inserted into a decoded completion before a judge reads it (SPEC §2).
+"""Token-index markers ``⟦i⟧`` inserted into a decoded completion before a judge reads it (docs/judge_credit.md).
 
 The judge points at tokens by index, so it must see where each token begins. `insert_markers` returns the decoded
 completion with ``⟦i⟧`` written where completion token ``i``'s text begins:

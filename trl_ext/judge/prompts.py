@@ -1,4 +1,4 @@
-"""The span judge's prompts, in one place (SPEC §2).
+"""The span judge's prompts, in one place (docs/judge_credit.md).
 
 The instructions live in the system message only. Everything taken from the rollout or the dataset goes into the
 user message inside blocks fenced by a random per-request nonce (``<<<DATA-3f9a… TRACE`` … ``DATA-3f9a…>>>``), so

@@ -1,4 +1,4 @@
-"""Parse and validate the judge's token spans (SPEC §2).
+"""Parse and validate the judge's token spans (docs/judge_credit.md).
 
 The judge answers with ``{"spans": [{start, end, label, confidence, quote}, ...]}`` (or a bare array), token indices
 with ``end`` exclusive. `extract_span_list` finds that JSON in whatever the model wrote (code fences, prose around it);
@@ -8,14 +8,13 @@ drops the others with a reason, so a confused or manipulated judge cannot put cr
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..text import json_candidates
 from .markers import MarkedTrace, strip_markers
 
 # Reasons a span is dropped, in the order they are checked.
@@ -79,62 +78,32 @@ class SpanValidation:
         return dict(Counter(d.reason for d in self.dropped))
 
 
-_FENCE_RE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
-
-
 def extract_span_list(text: str) -> list[Any]:
     """Find the span list in a judge reply.
 
-    Accepts ``{"spans": [...]}`` or a bare ``[...]``, alone, inside a code fence, or with prose around it. The first
-    JSON value that is such a list wins.
+    Among the JSON values of the reply (`trl_ext.text.json_candidates`: the whole reply, fenced blocks, then values
+    embedded in prose), the ``spans`` array of the first object that has one wins; else the first array whose items
+    are all objects (an empty array counts). So ``{"spans": [...]}`` and a bare ``[...]`` are both accepted, and a
+    citation like ``[1]`` in the prose before the answer is not mistaken for the span list.
 
     Raises:
         SpanParseError: when the reply holds no such JSON (the caller counts the rollout as an unparseable verdict).
     """
     if not isinstance(text, str):
         raise SpanParseError(f"Judge output must be a string, got {type(text).__name__}.")
-    candidates = [text, *(m.group(1) for m in _FENCE_RE.finditer(text))]
-    for candidate in candidates:
-        found = _spans_from_json(candidate.strip())
-        if found is not None:
-            return found
-    # Scan for embedded JSON: an object with "spans" wins, else the first list of objects (or empty list), so a
-    # citation like "[1]" in the prose before the answer is not mistaken for the span list.
-    decoder = json.JSONDecoder()
-    fallback: list[Any] | None = None
-    for match in re.finditer(r"[\[{]", text):
-        try:
-            value, _ = decoder.raw_decode(text, match.start())
-        except ValueError:
-            continue
-        except RecursionError:  # nested deeper than the parser's stack: so is every bracket after this one
-            break
+    first_list: list[Any] | None = None
+    for value in json_candidates(text):
         if isinstance(value, dict) and isinstance(value.get("spans"), list):
             return value["spans"]
-        if fallback is None and isinstance(value, list) and all(isinstance(item, dict) for item in value):
-            fallback = value
-    if fallback is not None:
-        return fallback
+        if first_list is None and isinstance(value, list) and all(isinstance(item, dict) for item in value):
+            first_list = value
+    if first_list is not None:
+        return first_list
     preview = text[:200].replace("\n", "\\n")
     raise SpanParseError(
         f"No JSON span list found in the judge output (starts with {preview!r}); the judge must answer "
         '{"spans": [{"start": .., "end": .., "label": .., "confidence": .., "quote": ..}]}.'
     )
-
-
-def _spans_from_json(candidate: str) -> list[Any] | None:
-    try:
-        return _as_span_list(json.loads(candidate))
-    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
-        return None
-
-
-def _as_span_list(value: Any) -> list[Any] | None:
-    if isinstance(value, list):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("spans"), list):
-        return value["spans"]
-    return None
 
 
 def normalize_whitespace(text: str) -> str:

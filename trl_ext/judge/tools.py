@@ -1,5 +1,5 @@
-"""Tools the span judge may call while reading a rollout (SPEC §2): view a token range, search the trace, run
-sandboxed Python, check two math expressions for equivalence with sympy.
+"""Tools the span judge may call while reading a rollout (docs/judge_credit.md): view a token range, search the
+trace, run sandboxed Python, check two math expressions for equivalence with sympy.
 
 Every tool answers with a string and never raises: a bad call (unknown tool, malformed arguments, a crash, a
 timeout) comes back to the judge as ``"error: ..."`` so it can correct itself within its round budget.

@@ -1,13 +1,14 @@
-"""Reward functions for TRL's GRPO (SPEC §1.4, §5): rubric LLM judge, char-span F1, RLMT reward-model scorers.
+"""Reward functions for TRL's GRPO: rubric LLM judge, char-span F1, RLMT reward-model scorers.
 
 Every reward here follows TRL's reward-function interface, ``reward(prompts, completions, **dataset_columns) ->
 list[float | None]`` (the rubric judge and the served reward model are async; TRL awaits them on its own event
 loop), has a ``__name__`` for TRL's metric names, and accepts standard (string) and conversational (message list)
 completions. So each plugs into `trl.GRPOTrainer` and `trl_ext.ExtGRPOTrainer` unchanged.
 
-- `rubric`: `RubricJudgeReward`, an OpenAI-compatible judge scoring precision/recall 1–10.
-- `span_f1`: `char_span_f1` and `CharSpanF1Reward`, the verifiable baseline.
-- `rlmt`: the RLMT formats, `split_thinking`, `RewardModelScorer`, `ServedRewardModelScorer`, DPO pairs.
+- `rubric`: `RubricJudgeReward`, an OpenAI-compatible judge scoring precision/recall 1–10 (docs/rubric_judge.md).
+- `span_f1`: `char_span_f1` and `CharSpanF1Reward`, the verifiable baseline (docs/char_span_f1.md).
+- `rlmt`: the RLMT formats, `split_thinking`, `RewardModelScorer`, `ServedRewardModelScorer`, DPO pairs
+  (docs/rlmt.md).
 - `metrics`: the same metrics as `evaluate` modules (`metric_path`).
 """
 

@@ -1,4 +1,4 @@
-"""Rubric LLM-judge reward (SPEC §1.4): an OpenAI-compatible judge grades a prediction against the ground truth.
+"""Rubric LLM-judge reward (docs/rubric_judge.md): an OpenAI-compatible judge grades a prediction against the truth.
 
 The RLM blog replaced the noisy char-span F1 (`trl_ext.rewards.span_f1`) by this judge: given the query, the ground
 truth and the prediction, it scores **precision** (how much of the prediction is right) and **recall** (how much of
@@ -7,11 +7,12 @@ score fields, their scale and the score → reward mapping are all configurable 
 
 Robustness, so that a judge never stops training:
 
-- requests go through `trl_ext.judge.client.AsyncChatClient` (bounded concurrency, wall-clock timeout, retries with
-  backoff on 429/5xx/timeouts, API key from an environment variable);
+- requests go through `trl_ext.judge.client.AsyncChatClient` (bounded concurrency, wall-clock timeout, the openai
+  SDK's retries with backoff on 429/5xx/timeouts, API key from an environment variable);
 - JSON-schema structured output is sent where the endpoint supports it (dropped automatically where it does not),
   and the reply is parsed tolerantly anyway (JSON anywhere in the text, else ``precision: 8/10``-style lines);
-- an unparseable reply gets ``repair_attempts`` follow-up requests asking for the JSON only;
+- an unparseable reply gets ``repair_attempts`` follow-up requests asking for the JSON only
+  (`AsyncChatClient.chat_parsed`, as for the span judge);
 - a judgement that still fails (endpoint error after retries, or no valid scores) gets ``fallback_reward`` and is
   counted in `RubricJudgeReward.stats`; nothing is raised into the training loop. Per batch, the counts are also
   logged through TRL's ``log_metric`` (``rubric_judge/failed``, ``rubric_judge/unparseable``, ...).
@@ -24,7 +25,7 @@ early or pose as the grading harness to ask for a 10.
 from __future__ import annotations
 
 import asyncio
-import json
+import functools
 import logging
 import math
 import re
@@ -34,8 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..judge.client import AsyncChatClient, BackgroundEventLoop, ChatCallError
-from ._text import completion_text, final_answer_text, last_user_text
+from ..judge.client import AsyncChatClient, BackgroundEventLoop, reject_removed_retry_options
+from ..text import completion_text, final_answer_text, json_candidates, last_user_text
 from .rlmt import split_thinking
 
 logger = logging.getLogger(__name__)
@@ -107,11 +108,10 @@ class RubricJudgeConfig:
         max_concurrency (`int`, *optional*, defaults to `32`):
             Judge requests in flight at once.
         timeout (`float`, *optional*, defaults to `120.0`):
-            Seconds one request may take, wall clock.
+            Seconds one request attempt may take, wall clock.
         max_retries (`int`, *optional*, defaults to `3`):
-            Retries of a request on 429, 5xx, timeouts and connection errors.
-        backoff_initial (`float`, *optional*, defaults to `1.0`) and backoff_max (`float`, *optional*, defaults to `30.0`):
-            First retry delay (doubling, with jitter) and the cap on one delay, seconds.
+            Retries of a request on 408, 409, 429, 5xx, timeouts and connection errors (the openai SDK's, with its
+            exponential backoff, honouring ``Retry-After``).
         structured_output (`str`, *optional*, defaults to `"auto"`):
             `"auto"` (send a JSON schema, drop it if the endpoint rejects it), `"on"` or `"off"`.
         request_params (`dict`, *optional*, defaults to `{"temperature": 0.0}`):
@@ -161,14 +161,14 @@ class RubricJudgeConfig:
         metadata={"help": "Environment variable holding the judge's API key; a placeholder is sent when unset."},
     )
     max_concurrency: int = field(default=32, metadata={"help": "Judge requests in flight at once."})
-    timeout: float = field(default=120.0, metadata={"help": "Seconds one judge request may take, wall clock."})
+    timeout: float = field(default=120.0, metadata={"help": "Seconds one judge request attempt may take, wall clock."})
     max_retries: int = field(
-        default=3, metadata={"help": "Retries of a judge request on 429, 5xx, timeouts and connection errors."}
+        default=3,
+        metadata={
+            "help": "Retries of a judge request on 408, 409, 429, 5xx, timeouts and connection errors (the openai "
+            "SDK's, with exponential backoff honouring Retry-After)."
+        },
     )
-    backoff_initial: float = field(
-        default=1.0, metadata={"help": "Seconds before the first retry; doubles each retry (with jitter)."}
-    )
-    backoff_max: float = field(default=30.0, metadata={"help": "Cap on one retry delay, Retry-After included."})
     structured_output: str = field(
         default="auto",
         metadata={"help": "'auto' (send a JSON schema, drop it if rejected), 'on' (always) or 'off' (never)."},
@@ -355,7 +355,7 @@ def parse_rubric_scores(
         raise RubricParseError("the reply is empty")
     fields = list(score_fields)
     errors: list[str] = []
-    for candidate in _json_objects(text):
+    for candidate in (value for value in json_candidates(text) if isinstance(value, dict)):
         lowered = {str(key).lower(): value for key, value in candidate.items()}
         if not all(name.lower() in lowered for name in fields):
             continue
@@ -420,6 +420,7 @@ class RubricJudgeReward:
     ):
         if config is not None and config_kwargs:
             raise TypeError(f"Pass either config or config fields, not both (got config and {sorted(config_kwargs)}).")
+        reject_removed_retry_options(config_kwargs, type(self).__name__)
         self.config = config if config is not None else RubricJudgeConfig(**config_kwargs)
         self.client = client or AsyncChatClient(
             self.config.base_url,
@@ -428,8 +429,6 @@ class RubricJudgeReward:
             max_concurrency=self.config.max_concurrency,
             timeout=self.config.timeout,
             max_retries=self.config.max_retries,
-            backoff_initial=self.config.backoff_initial,
-            backoff_max=self.config.backoff_max,
             structured_output=self.config.structured_output,
             request_params=self.config.request_params,
         )
@@ -484,9 +483,6 @@ class RubricJudgeReward:
                 await self._converse(str(query), str(ground_truth), str(prediction), verdict)
             except asyncio.CancelledError:
                 raise
-            except ChatCallError as error:
-                verdict.status, verdict.error = "failed", str(error)
-                verdict.requests += error.attempts
             except Exception as error:  # a judge fault must never stop training
                 logger.warning("Rubric judge crashed on a completion (fallback reward): %r", error, exc_info=True)
                 verdict.status, verdict.error = "failed", f"{type(error).__name__}: {error}"
@@ -546,30 +542,29 @@ class RubricJudgeReward:
 
     async def _converse(self, query: str, ground_truth: str, prediction: str, verdict: RubricVerdict) -> None:
         config = self.config
-        messages: list[dict[str, Any]] = self.build_messages(query, ground_truth, prediction)
-        for attempt in range(config.repair_attempts + 1):
-            result = await self.client.chat(messages, response_format=self._response_format)
-            verdict.requests += result.attempts
-            verdict.raw_output = result.content
-            try:
-                scores, explanation = parse_rubric_scores(
-                    result.content, config.score_fields, min_score=config.min_score, max_score=config.max_score
-                )
-            except RubricParseError as error:
-                verdict.status, verdict.error = "unparseable", str(error)
-                if attempt < config.repair_attempts:
-                    messages = [
-                        *messages,
-                        {"role": "assistant", "content": result.content or ""},
-                        {"role": "user", "content": REPAIR_PROMPT.format(error=error, json_shape=self._json_shape)},
-                    ]
-                continue
-            verdict.reward = self.reward_from_scores(scores)
-            verdict.status, verdict.scores, verdict.explanation, verdict.error = "ok", scores, explanation, None
-            if attempt:
-                with self._stats_lock:
-                    self.stats.repaired += 1
+        parsed = await self.client.chat_parsed(
+            self.build_messages(query, ground_truth, prediction),
+            functools.partial(
+                parse_rubric_scores,
+                score_fields=config.score_fields,
+                min_score=config.min_score,
+                max_score=config.max_score,
+            ),
+            repairs=config.repair_attempts,
+            repair_prompt=lambda error: REPAIR_PROMPT.format(error=error, json_shape=self._json_shape),
+            response_format=self._response_format,
+        )
+        verdict.requests += parsed.requests
+        verdict.raw_output = parsed.raw_output
+        if not parsed.ok:
+            verdict.status, verdict.error = parsed.status, parsed.error
             return
+        scores, explanation = parsed.value
+        verdict.reward = self.reward_from_scores(scores)
+        verdict.status, verdict.scores, verdict.explanation, verdict.error = "ok", scores, explanation, None
+        if parsed.repairs:
+            with self._stats_lock:
+                self.stats.repaired += 1
 
     # ------------------------------------------------------------------------------------------------------------
     # Bookkeeping
@@ -595,7 +590,10 @@ class RubricJudgeReward:
                 )
             queries = [str(q) for q in kwargs[config.query_column]]
         else:
-            queries = [last_user_text(prompt) for prompt in prompts]
+            try:
+                queries = [last_user_text(prompt) for prompt in prompts]
+            except ValueError as error:
+                raise ValueError(f"{error} Or name a dataset column holding the query with `query_column`.") from error
         if not len(queries) == len(ground_truths) == num:
             raise ValueError(
                 f"Got {len(queries)} prompts and {len(ground_truths)} ground truths for {num} completions."
@@ -651,29 +649,7 @@ def default_prediction(text: str) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 # Parsing helpers
 # ----------------------------------------------------------------------------------------------------------------
-_FENCE_RE = re.compile(r"```(?:json)?\s*\n?(.*?)```", re.DOTALL)
 _FRACTION_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(?:/|out of)\s*(\d+(?:\.\d+)?)\s*$", re.IGNORECASE)
-
-
-def _json_objects(text: str) -> list[dict[str, Any]]:
-    """JSON objects in a reply: the whole text, fenced blocks, then every object embedded in the prose."""
-    found: list[dict[str, Any]] = []
-    for candidate in [text, *(m.group(1) for m in _FENCE_RE.finditer(text))]:
-        try:
-            value = json.loads(candidate.strip())
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            found.append(value)
-    decoder = json.JSONDecoder()
-    for match in re.finditer(r"\{", text):
-        try:
-            value, _ = decoder.raw_decode(text, match.start())
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            found.append(value)
-    return found
 
 
 def _as_score(value: Any, max_score: float) -> float:

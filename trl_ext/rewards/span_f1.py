@@ -1,4 +1,4 @@
-"""Character-span overlap F1 of predicted vs gold evidence spans: the verifiable baseline reward (SPEC §1.4).
+"""Character-span overlap F1 of predicted vs gold evidence spans, the verifiable baseline (docs/char_span_f1.md).
 
 The RLM blog started from this reward and replaced it by the rubric judge (`trl_ext.rewards.rubric`) because it was
 too noisy; it stays here for comparison runs and for filtering cold-start traces (`trl_ext.sft`).
@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._text import completion_text, final_answer_text
+from ..text import completion_text, final_answer_text
 
 SpanItem = tuple[int, int] | Sequence[int] | Mapping[str, int] | str
 

@@ -44,6 +44,7 @@ from ..judge.judge import JudgeRequest, JudgeVerdict, SpanJudge, extract_final_a
 from ..judge.markers import build_marked_trace
 from ..judge.tools import TOOL_NAMES, ReplSandbox
 from ..rlm.sandbox import SandboxArguments, isolation_report, resolve_isolation
+from ..text import last_user_text
 from .ext_grpo import ExtGRPOConfig, ExtGRPOTrainer
 from .trl_seam import BatchScope, GeneratedBatch
 
@@ -83,7 +84,7 @@ class JudgeCreditConfig(SandboxArguments, ExtGRPOConfig):
         judge_timeout (`float`, *optional*, defaults to `120.0`): seconds one request may take.
         judge_max_retries (`int`, *optional*, defaults to `3`): retries on 429/5xx/timeouts/connection errors.
         judge_backoff_initial (`float`, *optional*, defaults to `1.0`) / judge_backoff_max (`float`, defaults to
-            `30.0`): exponential backoff between retries, seconds.
+            `30.0`): deprecated, no effect: retries use the openai SDK's exponential backoff (honouring Retry-After).
         judge_structured_output (`str`, *optional*, defaults to `"auto"`):
             `"auto"` sends a JSON schema `response_format` and drops it if the endpoint rejects it, `"on"` always
             sends it, `"off"` never does (replies are parsed tolerantly either way).
@@ -166,10 +167,10 @@ class JudgeCreditConfig(SandboxArguments, ExtGRPOConfig):
         },
     )
     judge_backoff_initial: float = field(
-        default=1.0, metadata={"help": "Seconds before the first retry; doubles each retry (with jitter)."}
+        default=1.0, metadata={"help": "Deprecated, no effect: retries use the openai SDK's exponential backoff."}
     )
     judge_backoff_max: float = field(
-        default=30.0, metadata={"help": "Cap on one backoff delay (Retry-After headers included), seconds."}
+        default=30.0, metadata={"help": "Deprecated, no effect: retries use the openai SDK's exponential backoff."}
     )
     judge_structured_output: str = field(
         default="auto",
@@ -366,11 +367,8 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
                 max_concurrency=args.judge_max_concurrency,
                 timeout=args.judge_timeout,
                 max_retries=args.judge_max_retries,
-                backoff_initial=args.judge_backoff_initial,
-                backoff_max=args.judge_backoff_max,
                 structured_output=args.judge_structured_output,
                 request_params=request_params,
-                seed=args.seed,
             )
             judge = SpanJudge(
                 client,
@@ -510,7 +508,7 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
             requests.append(
                 JudgeRequest(
                     trace=trace,
-                    question=_question_text(prompt),
+                    question=last_user_text(prompt),
                     final_answer=extract_final_answer(trace.text),
                     verdict=verdict,
                     reference_answer=_optional_text(row.get(self.args.judge_answer_column)),
@@ -679,22 +677,6 @@ def _verdict_text(name: str, value: float) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return f"{name}: not scored"
     return f"{name} = {value:g} (the trainer's score of this rollout; higher is better)"
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    return "" if content is None else str(content)
-
-
-def _question_text(prompt: Any) -> str:
-    """The task as the policy saw it: the last user message of a conversation, or the prompt string."""
-    if isinstance(prompt, list):
-        for message in reversed(prompt):
-            if isinstance(message, dict) and message.get("role") == "user":
-                return _content_text(message.get("content"))
-        return _content_text(prompt[-1].get("content")) if prompt and isinstance(prompt[-1], dict) else ""
-    return _content_text(prompt)
 
 
 def _prompt_text(prompt: Any) -> str:

@@ -39,6 +39,7 @@ from ..rlm.generators import (
 )
 from ..rlm.sandbox import SandboxArguments, isolation_report, resolve_isolation
 from ..rlm.scaffold import ScaffoldArguments
+from ..text import last_user_text
 from .ext_grpo import ExtGRPOConfig, ExtGRPOTrainer
 from .trl_seam import BatchScope
 
@@ -186,7 +187,7 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
         contexts = [row.get(self.args.context_column) for row in scope.inputs]
         if len(contexts) != len(prompts):
             contexts = [None] * len(prompts)
-        tasks = [RLMTask(prompt=_task_text(prompt), context=context) for prompt, context in zip(prompts, contexts)]
+        tasks = [RLMTask(prompt=last_user_text(prompt), context=context) for prompt, context in zip(prompts, contexts)]
         engine = RLMEngine(self.make_generator(), self.processing_class, self._rlm_config)
         was_training = self.model.training
         self.model.eval()
@@ -387,17 +388,3 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
 def _rlm_rollout(prompts: list[Any], trainer: StepwiseRLMTrainer) -> dict[str, list]:
     """TRL ``rollout_func``: delegates to the trainer's RLM engine."""
     return trainer.run_rollouts(prompts)
-
-
-def _task_text(prompt: Any) -> str:
-    """The task string of a dataset prompt: a plain string, or the last user message of a conversation."""
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list):
-        for message in reversed(prompt):
-            if message.get("role") == "user":
-                content = message.get("content")
-                if isinstance(content, list):  # typed content blocks
-                    content = " ".join(block.get("text", "") for block in content if isinstance(block, dict))
-                return str(content)
-    raise ValueError(f"Cannot read a task from prompt {prompt!r:.200}: use a string or a list of chat messages.")
