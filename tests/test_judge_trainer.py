@@ -184,7 +184,6 @@ def test_config_parses_from_the_command_line_and_yaml_style_dicts(tmp_path):
         ({"judge_timeout": 0}, "judge_timeout=0"),
         ({"judge_max_retries": -1}, "judge_max_retries=-1"),
         ({"judge_max_tool_rounds": -1}, "judge_max_tool_rounds=-1"),
-        ({"judge_backoff_initial": 5.0, "judge_backoff_max": 1.0}, "judge_backoff_initial"),
         ({"judge_structured_output": "yes"}, "judge_structured_output='yes'"),
         ({"judge_tools": ["browse"]}, "unknown tool"),
         ({"judge_max_tokens": 0}, "judge_max_tokens=0"),
@@ -289,7 +288,7 @@ def test_judge_faults_give_zero_credit_and_training_goes_on(tmp_path):
     with ScriptedChatServer(broken) as server:
         config = JudgeCreditConfig(
             **cpu_config_kwargs(str(tmp_path), max_steps=2),
-            **judge_kwargs(server, judge_timeout=0.3, judge_max_retries=1, judge_backoff_initial=0.01),
+            **judge_kwargs(server, judge_timeout=0.3, judge_max_retries=1),
         )
         trainer = trainer_class(
             model, digit_reward, args=config, train_dataset=toy_dataset(), processing_class=tokenizer

@@ -82,9 +82,8 @@ class JudgeCreditConfig(SandboxArguments, ExtGRPOConfig):
             Environment variable holding the API key (never logged). Unset: a placeholder key is sent.
         judge_max_concurrency (`int`, *optional*, defaults to `32`): judge requests in flight at once.
         judge_timeout (`float`, *optional*, defaults to `120.0`): seconds one request may take.
-        judge_max_retries (`int`, *optional*, defaults to `3`): retries on 429/5xx/timeouts/connection errors.
-        judge_backoff_initial (`float`, *optional*, defaults to `1.0`) / judge_backoff_max (`float`, defaults to
-            `30.0`): deprecated, no effect: retries use the openai SDK's exponential backoff (honouring Retry-After).
+        judge_max_retries (`int`, *optional*, defaults to `3`): retries on 408/409/429/5xx/timeouts/connection
+            errors, with the openai SDK's exponential backoff (honouring Retry-After).
         judge_structured_output (`str`, *optional*, defaults to `"auto"`):
             `"auto"` sends a JSON schema `response_format` and drops it if the endpoint rejects it, `"on"` always
             sends it, `"off"` never does (replies are parsed tolerantly either way).
@@ -166,12 +165,6 @@ class JudgeCreditConfig(SandboxArguments, ExtGRPOConfig):
             "rollout gets zero credit and is counted in judge/failure_ratio."
         },
     )
-    judge_backoff_initial: float = field(
-        default=1.0, metadata={"help": "Deprecated, no effect: retries use the openai SDK's exponential backoff."}
-    )
-    judge_backoff_max: float = field(
-        default=30.0, metadata={"help": "Deprecated, no effect: retries use the openai SDK's exponential backoff."}
-    )
     judge_structured_output: str = field(
         default="auto",
         metadata={
@@ -247,11 +240,6 @@ class JudgeCreditConfig(SandboxArguments, ExtGRPOConfig):
         if not self.judge_timeout > 0:
             raise ValueError(f"judge_timeout={self.judge_timeout} must be > 0 seconds.")
         self.sandbox_limits()  # validates the repl_* fields with the sandbox's own messages
-        if not 0 <= self.judge_backoff_initial <= self.judge_backoff_max:
-            raise ValueError(
-                f"judge_backoff_initial={self.judge_backoff_initial} and judge_backoff_max={self.judge_backoff_max}: "
-                "need 0 <= judge_backoff_initial <= judge_backoff_max."
-            )
         if self.judge_structured_output not in STRUCTURED_OUTPUT_MODES:
             raise ValueError(
                 f"judge_structured_output={self.judge_structured_output!r}: use one of {list(STRUCTURED_OUTPUT_MODES)}."
