@@ -1,4 +1,4 @@
-"""`trl_ext.advantages` against hand-computed values (SPEC §1.2-1.3)."""
+"""`trl_ext.advantages` against hand-computed values (docs/stepwise_rlm.md)."""
 
 import random
 

@@ -1,4 +1,4 @@
-"""`span_credit`, `cap_credit`, `per_token_advantages`, `judge_share`: the formulas of SPEC §2."""
+"""`span_credit`, `cap_credit`, `per_token_advantages`, `judge_share`: the formulas of docs/judge_credit.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`trl_ext.losses` against hand-computed values (SPEC §3)."""
+"""`trl_ext.losses` against hand-computed values (docs/ipo_loss.md)."""
 
 import math
 

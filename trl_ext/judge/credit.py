@@ -1,4 +1,4 @@
-"""Token credit from judge spans, and the per-rollout λ cap (SPEC §2).
+"""Token credit from judge spans, and the per-rollout λ cap (docs/judge_credit.md).
 
 Source: "Dear diary, I judged rollouts: how your RL judge affects your model's reasoning" (blog, 2026). A judge marks
 token spans with labels; each label has a score; a token's credit is ``score × confidence`` summed over the spans
@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-# Label -> score. `verified_correction = +1.00` is the source's; the others are trl-ext defaults (SPEC §2).
+# Label -> score. `verified_correction = +1.00` is the source's; the others are trl-ext defaults (docs/judge_credit.md).
 DEFAULT_LABEL_SCORES: dict[str, float] = {
     "verified_correction": 1.00,
     "key_progress": 0.50,

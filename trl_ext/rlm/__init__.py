@@ -1,4 +1,4 @@
-"""Recursive Language Model (RLM) rollouts (SPEC §1.1-1.3): sandboxed REPL, scaffold, batched engine, trees.
+"""Recursive Language Model (RLM) rollouts (docs/rlm_scaffold.md, docs/stepwise_rlm.md): sandboxed REPL, scaffold, batched engine, trees.
 
 Modules, in the order data flows through them:
 

@@ -1,4 +1,4 @@
-"""The batched asynchronous rollout engine: many RLM trees sampled from one policy at once (SPEC §1.1-1.2).
+"""The batched asynchronous rollout engine: many RLM trees sampled from one policy at once (docs/rlm_scaffold.md).
 
 ```python
 from trl_ext.rlm import RLMEngine, RLMScaffoldConfig, RLMTask, TransformersGenerator

@@ -1,4 +1,4 @@
-"""Prompt templates of the RLM scaffold (SPEC §1.1). Plain ``str.format`` templates: override any of them.
+"""Prompt templates of the RLM scaffold (docs/rlm_scaffold.md). Plain ``str.format`` templates: override any of them.
 
 Pass replacements through `RLMScaffoldConfig` (``system_prompt=...``, ``first_user_prompt=...``, ...); the
 placeholders each template may use are listed next to it. Literal braces must be doubled (``{{`` / ``}}``).

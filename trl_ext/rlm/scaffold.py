@@ -1,4 +1,4 @@
-"""The RLM scaffold (SPEC §1.1): its configuration and the pure functions of one turn.
+"""The RLM scaffold (docs/rlm_scaffold.md): its configuration and the pure functions of one turn.
 
 One turn of a node, as `trl_ext.rlm.engine` runs it::
 
@@ -58,7 +58,7 @@ class RLMScaffoldConfig:
 
     Parameters, by topic:
 
-    > Limits (SPEC §1.1)
+    > Limits (docs/rlm_scaffold.md)
 
     max_turns: turns per node; a node without an answer after them ends with "max_turns" (reward 0).
     max_depth: depth of the deepest child; a node at depth >= max_depth gets plain completions from
@@ -384,7 +384,7 @@ def build_turn_messages(
     task: str,
     turn: int,
 ) -> list[dict[str, str]]:
-    """The chat messages of turn `turn` (0-based), rebuilt from scratch (SPEC §1.1).
+    """The chat messages of turn `turn` (0-based), rebuilt from scratch (docs/rlm_scaffold.md).
 
     ``[system, (assistant action, user observation) for each earlier turn, fresh user message]``. The fresh
     message restates the task (with the iteration-0 safeguard on turn 0) and is not part of `history`, so
