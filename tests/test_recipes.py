@@ -26,7 +26,7 @@ from .fake_hub import TOKEN, FakeHub
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 ACCELERATE = RECIPES / "accelerate"
 
-# recipe -> (config class, the settings SPEC publishes for it)
+# recipe -> (config class, the settings its sources publish)
 PUBLISHED = {
     "rlm_evidence_4b.yaml": (
         "StepwiseRLMConfig",

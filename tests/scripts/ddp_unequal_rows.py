@@ -1,4 +1,4 @@
-"""Run by tests/test_ext_grpo.py under `torchrun --nproc_per_node 2`: ranks produce different row counts."""
+"""Run by tests/trainers/test_ext_grpo.py under `torchrun --nproc_per_node 2`: ranks produce different row counts."""
 
 import os
 import sys

@@ -1,4 +1,4 @@
-"""Run by tests/test_stepwise_rlm.py under torchrun with 1 or 2 processes: the same global data either way.
+"""Run by tests/trainers/test_stepwise_rlm.py under torchrun with 1 or 2 processes: the same global data either way.
 
 Two prompts of different tree sizes ("root task": 14 turns a tree, "small task": 2), four rollouts each: with two
 processes each rank holds one prompt's rollouts, so the ranks hold different row counts.

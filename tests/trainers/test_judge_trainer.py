@@ -22,7 +22,7 @@ from trl_ext.testing_server import ErrorReply, HangReply, ScriptedChatServer, Te
 from trl_ext.trainers.ext_grpo import ExtGRPOConfig
 from trl_ext.trainers.judge_credit import JudgeCreditConfig, JudgeCreditTrainer
 
-from .utils import cpu_config_kwargs, digit_reward, toy_dataset
+from ..utils import cpu_config_kwargs, digit_reward, toy_dataset
 
 TRACE_BLOCK = re.compile(r"<<<(DATA-[0-9a-f]{16}) TRACE\n(.*?)\n\1>>>", re.DOTALL)
 
@@ -405,7 +405,7 @@ torch.distributed.destroy_process_group()
 def test_two_process_run_judges_each_ranks_rollouts_and_agrees_on_metrics(tmp_path):
     script = tmp_path / "judge_ddp.py"
     script.write_text(DDP_SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
     with ScriptedChatServer(SpanPickingJudge()) as server:
         result = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script), str(tmp_path)]

@@ -31,7 +31,7 @@ from trl_ext.rewards import (
 )
 from trl_ext.testing import build_tiny_model_and_tokenizer, build_tiny_reward_model, build_tiny_tokenizer
 
-from .utils import cpu_config_kwargs
+from ..utils import cpu_config_kwargs
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from trl_ext.rewards import CharSpanF1Reward, RewardModelScorer, RubricJudgeRewa
 from trl_ext.testing import build_tiny_model_and_tokenizer, build_tiny_reward_model
 from trl_ext.testing_server import ScriptedChatServer
 
-from .test_rlmt import ClassifyServer
-from .utils import cpu_config_kwargs
+from ..rewards.test_rlmt import ClassifyServer
+from ..utils import cpu_config_kwargs
 
 CONTEXT = "The cat sat on the mat."
 QUESTIONS = ["Where did the cat sit?", "What sat on the mat?", "Which animal sat?", "Where is the mat?"]

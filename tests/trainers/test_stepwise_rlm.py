@@ -16,7 +16,7 @@ from trl_ext.rlm import ScriptedGenerator
 from trl_ext.testing import build_tiny_model_and_tokenizer
 from trl_ext.trainers.stepwise_rlm import StepwiseRLMConfig, StepwiseRLMTrainer
 
-from .utils import cpu_config_kwargs
+from ..utils import cpu_config_kwargs
 
 _TASK_AND_TURN = re.compile(r"Task: (.*?)\n\nTurn (\d+) of", re.DOTALL)
 
@@ -346,8 +346,8 @@ def test_config_validation(tmp_path):
 
 @pytest.mark.slow
 def test_two_processes_with_unequal_rows_match_one_process(tmp_path):
-    script = Path(__file__).parent / "scripts" / "stepwise_ddp.py"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    script = Path(__file__).parents[1] / "scripts" / "stepwise_ddp.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
     losses = {}
     for nproc in (1, 2):
         out = tmp_path / f"nproc{nproc}"

@@ -16,7 +16,7 @@ from trl_ext import ExtGRPOConfig, ExtGRPOTrainer
 from trl_ext.testing import build_tiny_model_and_tokenizer
 from trl_ext.trainers.ext_grpo import TRL_LOSS_TYPES, _pad_batch
 
-from .utils import cpu_config_kwargs, digit_reward, toy_dataset
+from ..utils import cpu_config_kwargs, digit_reward, toy_dataset
 
 
 def distinct_chars_reward(completions, **kwargs):
@@ -252,8 +252,8 @@ def test_hook_validation_errors(captured):
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_two_process_run_with_unequal_row_counts(tmp_path):
-    script = Path(__file__).parent / "scripts" / "ddp_unequal_rows.py"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    script = Path(__file__).parents[1] / "scripts" / "ddp_unequal_rows.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script), str(tmp_path)],
         env=env,

@@ -11,7 +11,7 @@ from trl_ext.rlm import RLMEngine, RLMScaffoldConfig, RLMTask, ScriptedGenerator
 from trl_ext.testing import build_tiny_model_and_tokenizer
 from trl_ext.trainers.stepwise_rlm import StepwiseRLMConfig, StepwiseRLMTrainer
 
-from .utils import cpu_config_kwargs
+from ..utils import cpu_config_kwargs
 
 SHORT_PROMPTS = dict(
     rlm_system_prompt="REPL. context: {context_description}.{recursion_note}",
