@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from trl_ext.judge import AsyncChatClient, BackgroundEventLoop, ChatCallError
-from trl_ext.testing_server import (
+from trl_ext.quickstart.scripted_server import (
     ErrorReply,
     HangReply,
     RawReply,

@@ -8,9 +8,9 @@ An example is a context (the REPL variable ``context``)::
 the task ``"Give the value of the key named on the last line of the context."`` (restated every turn) and the
 answer ``"13"``. The reward is exact match of the final answer (`exact_match_reward`).
 
-A scripted **teacher** (`ToyTeacher`, served by `trl_ext.testing_server.ScriptedChatServer` on 127.0.0.1) plays the
-policy in the real scaffold to produce the cold-start traces. It first prints the context, then answers with one of
-three strategies, drawn per example:
+A scripted **teacher** (`ToyTeacher`, served by `trl_ext.quickstart.scripted_server.ScriptedChatServer` on
+127.0.0.1) plays the policy in the real scaffold to produce the cold-start traces. It first prints the context, then
+answers with one of three strategies, drawn per example:
 
 - *compute* — let the REPL find the value and return the variable (`COMPUTE_ACTION`)::
 

@@ -13,7 +13,7 @@
 Every reply can carry a ``delay`` (seconds) to simulate latency. The server records the requests it got
 (`ScriptedChatServer.requests`). No network beyond the loopback interface is used::
 
-    from trl_ext.testing_server import ScriptedChatServer, TextReply
+    from trl_ext.quickstart.scripted_server import ScriptedChatServer, TextReply
 
     with ScriptedChatServer(lambda request: TextReply('{"spans": []}', delay=0.2)) as server:
         client = openai.OpenAI(base_url=server.base_url, api_key="unused")
@@ -33,6 +33,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ErrorReply",
+    "HangReply",
+    "RawReply",
+    "Reply",
+    "Script",
+    "ScriptedChatServer",
+    "TextReply",
+    "ToolCall",
+    "ToolCallReply",
+    "last_user_text",
+    "replies_in_order",
+]
 
 
 @dataclass

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .hub import PLOT_FILE, RUN_INFO_FILE
+from trl_ext.hub import PLOT_FILE, RUN_INFO_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -326,13 +326,14 @@ def _run_stepwise(
 ) -> QuickstartResult:
     from peft import LoraConfig
 
-    from .callbacks import default_monitors
-    from .judge import AsyncChatClient
-    from .sft import filter_traces, generate_teacher_traces, split_cold_start, traces_to_sft_rows
-    from .testing import build_tiny_model_and_tokenizer
-    from .testing_server import ScriptedChatServer
+    from trl_ext.callbacks import default_monitors
+    from trl_ext.judge import AsyncChatClient
+    from trl_ext.sft import filter_traces, generate_teacher_traces, split_cold_start, traces_to_sft_rows
+    from trl_ext.testing import build_tiny_model_and_tokenizer
+    from trl_ext.trainers import StepwiseRLMConfig, StepwiseRLMTrainer
+
+    from .scripted_server import ScriptedChatServer
     from .toy_task import ToyTeacher, exact_match_reward, make_toy_dataset
-    from .trainers import StepwiseRLMConfig, StepwiseRLMTrainer
 
     times: dict[str, float] = {}
     seed = settings.seed
@@ -450,7 +451,8 @@ def _run_stepwise(
 
 def toy_scaffold_config(settings: QuickstartSettings) -> Any:
     """The RLM scaffold of the toy task: short prompts, no sub-calls needed (``max_depth=0``)."""
-    from .rlm import RLMScaffoldConfig
+    from trl_ext.rlm import RLMScaffoldConfig
+
     from .toy_task import TOY_FIRST_USER_PROMPT, TOY_SYSTEM_PROMPT, TOY_USER_PROMPT
 
     return RLMScaffoldConfig(
@@ -544,7 +546,8 @@ def evaluate_policy(
     """
     import torch
 
-    from .rlm import CanonicalOrderGenerator, RLMEngine, RLMTask, TransformersGenerator
+    from trl_ext.rlm import CanonicalOrderGenerator, RLMEngine, RLMTask, TransformersGenerator
+
     from .toy_task import classify_strategy, exact_match_reward
 
     tasks = [
@@ -676,10 +679,11 @@ def _run_judge_credit(
 ) -> QuickstartResult:
     from peft import LoraConfig
 
-    from .callbacks import default_monitors
-    from .testing import build_tiny_model_and_tokenizer
-    from .testing_server import ScriptedChatServer
-    from .trainers import JudgeCreditConfig, JudgeCreditTrainer
+    from trl_ext.callbacks import default_monitors
+    from trl_ext.testing import build_tiny_model_and_tokenizer
+    from trl_ext.trainers import JudgeCreditConfig, JudgeCreditTrainer
+
+    from .scripted_server import ScriptedChatServer
 
     model, tokenizer = build_tiny_model_and_tokenizer(settings.seed, initializer_range=0.5)
     dataset = _arithmetic_dataset(64, settings.seed)
@@ -729,10 +733,10 @@ def _run_rlmt(
     from datasets import Dataset
     from peft import LoraConfig
 
-    from .callbacks import default_monitors
-    from .rewards import RewardModelScorer
-    from .testing import build_tiny_model_and_tokenizer, build_tiny_reward_model
-    from .trainers import RLMTConfig, RLMTTrainer
+    from trl_ext.callbacks import default_monitors
+    from trl_ext.rewards import RewardModelScorer
+    from trl_ext.testing import build_tiny_model_and_tokenizer, build_tiny_reward_model
+    from trl_ext.trainers import RLMTConfig, RLMTTrainer
 
     policy, tokenizer = build_tiny_model_and_tokenizer(settings.seed, initializer_range=0.5)
     reward_model, rm_tokenizer = build_tiny_reward_model(settings.seed + 1, initializer_range=0.5)
@@ -833,7 +837,7 @@ def _save_miniature_run(
 
 
 def _plot(output: Path, say: Callable[[str], None]) -> Path | None:
-    from .callbacks import plot_run
+    from trl_ext.callbacks import plot_run
 
     try:
         return Path(plot_run(output, out=output / PLOT_FILE))
@@ -885,7 +889,7 @@ def _result_from_history(
 
 
 def _config_summary(config: Any) -> dict[str, Any]:
-    from .recipes import config_summary
+    from trl_ext.recipes import config_summary
 
     return config_summary(config)
 
