@@ -43,7 +43,7 @@ TRACE_BLOCK = re.compile(r"<<<(DATA-[0-9a-f]{16}) TRACE\n(.*?)\n\1>>>", re.DOTAL
 # ----------------------------------------------------------------------------------------------------------------
 def judge_script(request: dict) -> object:
     """Answer after the delay named in the model id (``"delay=0.2"``) with one valid span: the first marked line."""
-    from trl_ext.testing_server import TextReply
+    from trl_ext.quickstart.scripted_server import TextReply
 
     delay = float(request.get("model", "delay=0").split("=", 1)[1])
     match = TRACE_BLOCK.search(request["messages"][1]["content"])
@@ -62,7 +62,7 @@ def judge_script(request: dict) -> object:
 
 
 def serve() -> None:
-    from trl_ext.testing_server import ScriptedChatServer
+    from trl_ext.quickstart.scripted_server import ScriptedChatServer
 
     with ScriptedChatServer(judge_script) as server:
         print(server.port, flush=True)

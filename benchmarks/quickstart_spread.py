@@ -13,8 +13,8 @@ float sums differently, the sampled rollouts diverge and the run ends elsewhere.
 
 Each run is the quickstart with its default settings in a fresh process; the benchmark reads its
 ``trl_ext_run.json`` and writes every run, the ranges and the CI test's bounds checked against them into
-``benchmarks/RESULTS.md``. The README's stated range and the CI test's bounds (tests/test_quickstart.py) come from
-this table.
+``benchmarks/RESULTS.md``. The README's stated range and the CI test's bounds (tests/quickstart/test_quickstart.py)
+come from this table.
 
     python benchmarks/quickstart_spread.py --jobs 2       # seeds 0-4 x kernels native, default x 1 thread; then
                                                           # seeds 0-1 at 2 threads alone (the user's wall time)
@@ -144,7 +144,7 @@ def spread_lines(runs: list[Run], command: str) -> str:
     """The RESULTS.md section: every run, the ranges, and the CI test's bounds checked against them. A run with the
     same seed and kernels as another and the same held-out outcome (another thread count that flipped no sampled
     token) is listed but counted once."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "quickstart"))
     from test_quickstart import CI_COPY_DROP_BOUND, CI_GAIN_BOUND
 
     runs = sorted(
@@ -193,7 +193,7 @@ def spread_lines(runs: list[Run], command: str) -> str:
         f"resident memory of the process tree (trainer and REPL interpreters, sampled every 0.2 s): {min(peaks):.1f} "
         f"to {max(peaks):.1f} GB.",
         "",
-        "The CI test (`tests/test_quickstart.py::test_default_quickstart_learns`, seed 0) asserts a drop of the "
+        "The CI test (`tests/quickstart/test_quickstart.py::test_default_quickstart_learns`, seed 0) asserts a drop of the "
         f"copied share ≥ {100 * CI_COPY_DROP_BOUND:.0f} points ({_verdict(min(drops), CI_COPY_DROP_BOUND)}) and gain ≥ "
         f"{CI_GAIN_BOUND:+.2f} ({_verdict(min(gains), CI_GAIN_BOUND)}).",
     ]

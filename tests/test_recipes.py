@@ -205,7 +205,7 @@ def toy_stepwise_recipe(tiny: Path, output: Path, **fields) -> dict:
         "lora_alpha": 8,
         "lora_target_modules": ["q_proj", "v_proj"],
         "datasets": [{"path": "json", "data_files": str(tiny / "train.jsonl"), "split": "train"}],
-        "reward_funcs": ["trl_ext.toy_task:exact_match_reward"],
+        "reward_funcs": ["trl_ext.quickstart.toy_task:exact_match_reward"],
         "max_turns": 2,
         "max_depth": 0,
         "loss_type": "ipo",
@@ -350,23 +350,23 @@ def test_no_reward_and_no_data_are_clear_errors(tmp_path, tiny):
     with pytest.raises(RecipeError, match="no reward"):
         build_trainer(recipe)
     recipe = parse_recipe(
-        write_recipe(tmp_path / "r2.yaml", reward_funcs=["trl_ext.toy_task:exact_match_reward"], **base)
+        write_recipe(tmp_path / "r2.yaml", reward_funcs=["trl_ext.quickstart.toy_task:exact_match_reward"], **base)
     )
     with pytest.raises(RecipeError, match="no data"):
         build_trainer(recipe)
 
 
 def test_reward_resolution(tmp_path, monkeypatch):
+    from trl_ext.quickstart.toy_task import exact_match_reward
     from trl_ext.rewards import CharSpanF1Reward, RubricJudgeReward
-    from trl_ext.toy_task import exact_match_reward
 
     (tmp_path / "my_rewards.py").write_text("def score(completions, **kw):\n    return [1.0] * len(completions)\n")
     monkeypatch.chdir(tmp_path)
     rewards = resolve_reward_funcs(
         [
             "trl_ext.rewards.char_span_f1",  # the metric's path means the reward class
-            "trl_ext.toy_task:exact_match_reward",
-            "trl_ext.toy_task.exact_match_reward",
+            "trl_ext.quickstart.toy_task:exact_match_reward",
+            "trl_ext.quickstart.toy_task.exact_match_reward",
             "my_rewards:score",  # ./my_rewards.py, as TRL's scripts allow
             {"path": "rubric_judge", "kwargs": {"base_url": "http://127.0.0.1:9/v1", "model": "judge"}},
             {"path": "trl_ext.rewards:CharSpanF1Reward", "kwargs": {"gold_column": "gold"}},
@@ -383,7 +383,7 @@ def test_reward_resolution(tmp_path, monkeypatch):
     with pytest.raises(RecipeError, match="cannot import module"):
         resolve_reward_funcs(["no_such_module:f"])
     with pytest.raises(RecipeError, match="has no attribute"):
-        resolve_reward_funcs(["trl_ext.toy_task:nope"])
+        resolve_reward_funcs(["trl_ext.quickstart.toy_task:nope"])
     with pytest.raises(RecipeError, match="not a built-in name"):
         resolve_reward_funcs(["nonsense"])
     with pytest.raises(RecipeError, match="unknown keys"):

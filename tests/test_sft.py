@@ -14,6 +14,7 @@ from datasets import Dataset
 from peft import LoraConfig
 
 from trl_ext.judge.client import AsyncChatClient
+from trl_ext.quickstart.scripted_server import ErrorReply, ScriptedChatServer
 from trl_ext.rewards import CharSpanF1Reward
 from trl_ext.rlm import RLMScaffoldConfig
 from trl_ext.sft import (
@@ -25,7 +26,6 @@ from trl_ext.sft import (
     warn_if_large_sft_set,
 )
 from trl_ext.testing import build_tiny_model_and_tokenizer
-from trl_ext.testing_server import ErrorReply, ScriptedChatServer
 
 CONTEXT = "Notes. The cat sat on the mat. The dog slept."
 GOLD = '["The cat sat on the mat."]'

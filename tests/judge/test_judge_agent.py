@@ -19,8 +19,15 @@ from trl_ext.judge import (
     extract_final_answer,
     strip_markers,
 )
+from trl_ext.quickstart.scripted_server import (
+    ErrorReply,
+    HangReply,
+    ScriptedChatServer,
+    TextReply,
+    ToolCall,
+    ToolCallReply,
+)
 from trl_ext.testing import build_tiny_tokenizer
-from trl_ext.testing_server import ErrorReply, HangReply, ScriptedChatServer, TextReply, ToolCall, ToolCallReply
 
 TRACE = "What is 2 + 3? The answer is 6.\nWait, 2 + 3 = 5. The answer is \\boxed{5}."
 INJECTION = (

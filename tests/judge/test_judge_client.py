@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from trl_ext.judge import AsyncChatClient, BackgroundEventLoop, ChatCallError, ParsedReply
-from trl_ext.testing_server import (
+from trl_ext.quickstart.scripted_server import (
     ErrorReply,
     HangReply,
     RawReply,

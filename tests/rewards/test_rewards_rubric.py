@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
+from trl_ext.quickstart.scripted_server import ErrorReply, HangReply, ScriptedChatServer, TextReply, replies_in_order
 from trl_ext.rewards import RubricJudgeConfig, RubricJudgeReward, RubricParseError, metric_path, parse_rubric_scores
-from trl_ext.testing_server import ErrorReply, HangReply, ScriptedChatServer, TextReply, replies_in_order
 
 FAST = dict(api_key_env=None, max_retries=1, timeout=5.0)
 

@@ -94,7 +94,7 @@ elif TRAINER == "stepwise_rlm":
     from trl_ext.trainers import StepwiseRLMConfig, StepwiseRLMTrainer
 
     rows = {"prompt": ["Say the key."] * 12, "context": ["key=7"] * 12}
-    from trl_ext.toy_task import TOY_FIRST_USER_PROMPT, TOY_SYSTEM_PROMPT, TOY_USER_PROMPT
+    from trl_ext.quickstart.toy_task import TOY_FIRST_USER_PROMPT, TOY_SYSTEM_PROMPT, TOY_USER_PROMPT
 
     config = StepwiseRLMConfig(
         **{**COMMON, "max_completion_length": 24, "vllm_max_model_length": 2048},
@@ -114,7 +114,7 @@ elif TRAINER == "stepwise_rlm":
         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
     )
 elif TRAINER == "judge_credit":
-    from trl_ext.testing_server import ScriptedChatServer, TextReply
+    from trl_ext.quickstart.scripted_server import ScriptedChatServer, TextReply
     from trl_ext.trainers import JudgeCreditConfig, JudgeCreditTrainer
 
     server = ScriptedChatServer(lambda request: TextReply("[]")).__enter__()  # a judge that marks nothing

@@ -17,8 +17,8 @@ import torch
 from peft import LoraConfig
 
 from trl_ext.judge import DEFAULT_LABEL_SCORES, strip_markers
+from trl_ext.quickstart.scripted_server import ErrorReply, HangReply, ScriptedChatServer, TextReply
 from trl_ext.testing import build_tiny_model_and_tokenizer
-from trl_ext.testing_server import ErrorReply, HangReply, ScriptedChatServer, TextReply
 from trl_ext.trainers.ext_grpo import ExtGRPOConfig
 from trl_ext.trainers.judge_credit import JudgeCreditConfig, JudgeCreditTrainer
 

@@ -17,9 +17,9 @@ from peft import LoraConfig
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_ext import ExtGRPOConfig, ExtGRPOTrainer
+from trl_ext.quickstart.scripted_server import ScriptedChatServer
 from trl_ext.rewards import CharSpanF1Reward, RewardModelScorer, RubricJudgeReward, ServedRewardModelScorer
 from trl_ext.testing import build_tiny_model_and_tokenizer, build_tiny_reward_model
-from trl_ext.testing_server import ScriptedChatServer
 
 from ..rewards.test_rlmt import ClassifyServer
 from ..utils import cpu_config_kwargs

@@ -17,8 +17,7 @@ from trl_ext.quickstart import (
     run_quickstart,
     toy_scaffold_config,
 )
-from trl_ext.rlm import PythonREPL, RLMEngine, RLMTask, ScriptedGenerator
-from trl_ext.toy_task import (
+from trl_ext.quickstart.toy_task import (
     COMPUTE_ACTION,
     EXPLORE_ACTION,
     SHORTCUT_ACTION,
@@ -27,6 +26,7 @@ from trl_ext.toy_task import (
     exact_match_reward,
     make_toy_dataset,
 )
+from trl_ext.rlm import PythonREPL, RLMEngine, RLMTask, ScriptedGenerator
 
 
 def code_of(action: str) -> str:

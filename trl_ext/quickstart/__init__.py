@@ -1,0 +1,45 @@
+"""`trl-ext quickstart`: the pipelines in miniature, offline, on the CPU, in a few minutes.
+
+Demo code kept apart from the library: it uses ``trl_ext`` as a user would. ``run_quickstart(method=...)`` runs
+
+- ``"stepwise-rlm"`` (the default, `trl_ext.quickstart.stepwise`): the whole stepwise-RLM pipeline on the built-in
+  toy task (`trl_ext.quickstart.toy_task`): teacher traces from a scripted teacher, cold-start SFT of a tiny model,
+  `StepwiseRLMTrainer` with the IPO loss, and the held-out reward before and after RL;
+- ``"judge-credit"`` and ``"rlmt"`` (`trl_ext.quickstart.judge_credit`, `trl_ext.quickstart.rlmt`):
+  `JudgeCreditTrainer` and `RLMTTrainer` in a few steps, showing the trainers, monitors and outputs end to end.
+
+The modules: `settings` (the knobs and the trainer configs they become), `runner` (the entry point and the output
+directory), `evaluation` (held-out evaluation), `training` (what every trainer run shares), `report` (the result and
+``trl_ext_run.json``), `toy_task`, and `scripted_server` (a scripted OpenAI-compatible chat server on 127.0.0.1 that
+plays the teacher and the judge here, and serves tests and benchmarks).
+
+Nothing here prints: progress goes through ``log`` (the CLI passes ``print``) and tqdm bars (``progress=True``).
+Importing the package loads only the standard library (the CLI reads `METHODS` at start-up).
+"""
+
+from .evaluation import EvalResult, evaluate_policy, held_out_eval_set
+from .judge_credit import ScriptedSpanJudge, last_number_reward
+from .report import QuickstartResult, write_run_info
+from .runner import QuickstartError, prepare_output_dir, run_quickstart
+from .settings import METHODS, QuickstartSettings, toy_rl_config_kwargs, toy_scaffold_config
+from .stepwise import SFT_MODEL_DIR
+from .training import ADAPTER_DIR
+
+__all__ = [
+    "ADAPTER_DIR",
+    "METHODS",
+    "SFT_MODEL_DIR",
+    "EvalResult",
+    "QuickstartError",
+    "QuickstartResult",
+    "QuickstartSettings",
+    "ScriptedSpanJudge",
+    "evaluate_policy",
+    "held_out_eval_set",
+    "last_number_reward",
+    "prepare_output_dir",
+    "run_quickstart",
+    "toy_rl_config_kwargs",
+    "toy_scaffold_config",
+    "write_run_info",
+]

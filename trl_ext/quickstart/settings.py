@@ -1,0 +1,179 @@
+"""The quickstart's knobs (`QuickstartSettings`) and the trainer configurations they become.
+
+`toy_scaffold_config` and `toy_rl_config_kwargs` are the toy task's RLM scaffold and `StepwiseRLMConfig` arguments;
+`cpu_run_kwargs` the fields every quickstart trainer shares (the CPU, no tracker, no checkpoints);
+`miniature_run_kwargs` and `MINIATURE_LORA` the judge-credit and RLMT miniatures' settings. Only the standard library
+is imported at module level: the CLI reads `METHODS` from here before any heavy import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+METHODS = ("stepwise-rlm", "judge-credit", "rlmt")
+
+
+@dataclass(frozen=True)
+class QuickstartSettings:
+    """Every knob of a quickstart run. `default` is what the README's numbers come from; `fast` is for CI.
+
+    Data: ``num_sft_examples`` held out for cold-start SFT (a few dozen: docs/cold_start.md), ``num_rl_examples``
+    for RL (>= 10x the SFT set, so `split_cold_start` does not warn), ``num_eval_examples`` held-out tasks evaluated
+    ``eval_samples`` times each.
+    Policy: a Qwen2-architecture model with ``hidden_size`` and ``num_hidden_layers`` (``trl_ext.testing``).
+    Teacher: fractions of its *compute* and *shortcut* strategies (`trl_ext.quickstart.toy_task.ToyTeacher`).
+    SFT: epochs, learning rate, batch size (full fine-tuning: the model starts from random weights).
+    RL: optimizer steps, learning rate, ``rl_beta`` (KL to the SFT policy: it keeps the lookup program intact while
+    the strategy shifts), prompts per generation × ``num_generations`` rollouts, ``num_iterations`` optimizer steps
+    per generation (the later ones are off-policy, where the IPO mask acts), ``rl_micro_batches`` the generation
+    batch is split into (gradient accumulation: the same optimizer step, a quarter of the activation memory), LoRA
+    rank/alpha, ``max_completion_length`` tokens per action, ``max_turns`` per rollout (the task takes two: look at
+    the context, then answer; a third turn only repeats a longer prompt after a failed one), sampling
+    ``temperature``.
+    """
+
+    seed: int = 0
+    num_sft_examples: int = 48
+    num_rl_examples: int = 480
+    num_eval_examples: int = 48
+    eval_samples: int = 4
+    hidden_size: int = 64
+    num_hidden_layers: int = 4
+    compute_fraction: float = 0.45
+    shortcut_fraction: float = 0.2
+    sft_epochs: float = 60.0
+    sft_learning_rate: float = 3e-3
+    sft_batch_size: int = 8
+    rl_steps: int = 40
+    rl_learning_rate: float = 1e-3
+    rl_beta: float = 0.2
+    prompts_per_step: int = 8
+    num_generations: int = 8
+    num_iterations: int = 4
+    rl_micro_batches: int = 4
+    lora_r: int = 16
+    lora_alpha: int = 32
+    max_completion_length: int = 64
+    max_turns: int = 2
+    temperature: float = 1.0
+
+    @classmethod
+    def default(cls, seed: int = 0) -> QuickstartSettings:
+        return cls(seed=seed)
+
+    @classmethod
+    def fast(cls, seed: int = 0) -> QuickstartSettings:
+        """Every stage, scaled down to well under a minute on two cores (for CI; it does not learn visibly)."""
+        return cls(
+            seed=seed,
+            num_eval_examples=8,
+            eval_samples=2,
+            sft_epochs=15.0,
+            rl_steps=4,
+            prompts_per_step=2,
+            num_generations=4,
+        )
+
+    def validate(self) -> None:
+        for name in (
+            "num_sft_examples",
+            "num_rl_examples",
+            "num_eval_examples",
+            "eval_samples",
+            "rl_steps",
+            "prompts_per_step",
+            "num_iterations",
+            "rl_micro_batches",
+            "max_turns",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+        if self.num_generations < 2:
+            raise ValueError(
+                f"num_generations must be >= 2 (group advantages need a group), got {self.num_generations}."
+            )
+        rollouts = self.prompts_per_step * self.num_generations
+        if rollouts % self.rl_micro_batches:
+            raise ValueError(
+                f"rl_micro_batches={self.rl_micro_batches} must divide the {rollouts} rollouts of a generation batch "
+                "(prompts_per_step x num_generations)."
+            )
+        if not self.sft_epochs > 0:
+            raise ValueError(f"sft_epochs must be > 0, got {self.sft_epochs!r}.")
+
+
+def toy_scaffold_config(settings: QuickstartSettings) -> Any:
+    """The RLM scaffold of the toy task: short prompts, no sub-calls needed (``max_depth=0``)."""
+    from trl_ext.rlm import RLMScaffoldConfig
+
+    from .toy_task import TOY_FIRST_USER_PROMPT, TOY_SYSTEM_PROMPT, TOY_USER_PROMPT
+
+    return RLMScaffoldConfig(
+        max_turns=settings.max_turns,
+        max_depth=0,
+        system_prompt=TOY_SYSTEM_PROMPT,
+        first_user_prompt=TOY_FIRST_USER_PROMPT,
+        user_prompt=TOY_USER_PROMPT,
+    )
+
+
+def toy_rl_config_kwargs(settings: QuickstartSettings, output: Path, progress: bool) -> dict[str, Any]:
+    """`StepwiseRLMConfig` keyword arguments of the quickstart's RL stage (CPU, IPO, the toy scaffold)."""
+    from .toy_task import TOY_FIRST_USER_PROMPT, TOY_SYSTEM_PROMPT, TOY_USER_PROMPT
+
+    return dict(
+        **cpu_run_kwargs(output, settings, progress),
+        activation_checkpointing=False,  # a tiny model on the CPU: recomputing activations only costs time
+        loss_type="ipo",
+        learning_rate=settings.rl_learning_rate,
+        lr_scheduler_type="constant",
+        beta=settings.rl_beta,  # KL to the SFT policy (the adapter disabled): keeps the lookup program intact
+        max_steps=settings.rl_steps,
+        # one optimizer step per pass over the generation batch (split into rl_micro_batches accumulated
+        # micro-batches), num_iterations passes per generation: the later ones are off-policy (IPO acts)
+        per_device_train_batch_size=settings.prompts_per_step * settings.num_generations // settings.rl_micro_batches,
+        gradient_accumulation_steps=settings.rl_micro_batches,
+        num_generations=settings.num_generations,
+        num_iterations=settings.num_iterations,
+        max_completion_length=settings.max_completion_length,
+        temperature=settings.temperature,
+        max_turns=settings.max_turns,
+        max_depth=0,
+        rlm_system_prompt=TOY_SYSTEM_PROMPT,
+        rlm_first_user_prompt=TOY_FIRST_USER_PROMPT,
+        rlm_user_prompt=TOY_USER_PROMPT,
+    )
+
+
+def cpu_run_kwargs(output: Path, settings: QuickstartSettings, progress: bool) -> dict[str, Any]:
+    """Config fields every quickstart trainer shares: the CPU, no tracker, the seed, a log line per step, no
+    checkpoints (the adapter is saved at the end), bars only with ``progress``."""
+    return dict(
+        output_dir=str(output),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        seed=settings.seed,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=not progress,
+    )
+
+
+MINIATURE_LORA = {"r": 8, "lora_alpha": 16, "target_modules": "all-linear"}
+
+
+def miniature_run_kwargs(output: Path, settings: QuickstartSettings, fast: bool, progress: bool) -> dict[str, Any]:
+    """The judge-credit and RLMT miniatures' shared settings: at most 8 steps (2 with ``fast``), 2 prompts x 4
+    completions per step, each batch used twice."""
+    return dict(
+        **cpu_run_kwargs(output, settings, progress),
+        max_steps=min(2 if fast else settings.rl_steps, 8),
+        learning_rate=5e-3,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        num_iterations=2,
+    )

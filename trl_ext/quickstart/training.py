@@ -1,0 +1,69 @@
+"""What every quickstart trainer run shares: the trainer's progress bar without its log printing
+(`quiet_progress`), the adapter and trainer state saved in the output directory (`save_adapter_and_state`), the
+metrics plot (`save_plot`), and a miniature run saved and read back as a `QuickstartResult` (`save_miniature_run`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from trl_ext.hub import PLOT_FILE
+
+from .report import QuickstartResult, result_from_history
+from .settings import QuickstartSettings
+
+ADAPTER_DIR = "adapter"
+
+
+def quiet_progress(trainer: Any) -> None:
+    """Keep the trainer's progress bar but not its printing of every log dict, with or without bars (the logs still
+    reach the trainer state, the monitors and the plot)."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    class BarOnlyProgress(ProgressCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            return None
+
+    if any(type(cb) is ProgressCallback for cb in trainer.callback_handler.callbacks):
+        trainer.remove_callback(ProgressCallback)
+        trainer.add_callback(BarOnlyProgress())
+    if any(type(cb) is PrinterCallback for cb in trainer.callback_handler.callbacks):  # disable_tqdm=True
+        trainer.remove_callback(PrinterCallback)
+
+
+def save_adapter_and_state(trainer: Any, output: Path) -> Path:
+    """Save the trained run: ``trainer_state.json`` (the log history the plot reads) and the adapter."""
+    trainer.save_state()
+    adapter_dir = output / ADAPTER_DIR
+    trainer.save_model(str(adapter_dir))
+    return adapter_dir
+
+
+def save_miniature_run(
+    method: str,
+    trainer: Any,
+    monitors: Sequence[Any],
+    output: Path,
+    settings: QuickstartSettings,
+    fast: bool,
+    say: Callable[[str], None],
+) -> QuickstartResult:
+    """Save a trained miniature run, draw its plot and read its result from the log history."""
+    adapter_dir = save_adapter_and_state(trainer, output)
+    plot_file = save_plot(output, say)
+    return result_from_history(
+        method, output, settings, fast, trainer.state.log_history, monitors, adapter_dir, plot_file
+    )
+
+
+def save_plot(output: Path, say: Callable[[str], None]) -> Path | None:
+    """The monitors' plot of the run in ``output`` (`plot_run`), or None without matplotlib (an optional extra)."""
+    from trl_ext.callbacks import plot_run
+
+    try:
+        return Path(plot_run(output, out=output / PLOT_FILE))
+    except ImportError as error:  # matplotlib is an optional extra
+        say(f"(no plot: {error})")
+        return None
