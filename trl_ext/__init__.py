@@ -14,6 +14,8 @@ _LAZY = {
     "ExtGRPOTrainer": "trl_ext.trainers",
     "ipo_keep_mask": "trl_ext.losses",
     "ipo_loss": "trl_ext.losses",
+    "LossSpec": "trl_ext.losses",
+    "register_loss": "trl_ext.losses",
     "ClipRateMonitor": "trl_ext.callbacks",
     "EntropyMonitor": "trl_ext.callbacks",
     "RewardMonitor": "trl_ext.callbacks",
