@@ -21,7 +21,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import trl
@@ -80,7 +80,6 @@ class BatchScope:
 
     inputs: list[dict[str, Any]]
     rewards_per_func: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def check_trl() -> None:
