@@ -4,6 +4,7 @@ sizes, precision and vLLM swapped for CPU; loss, group size, λ, RLM limits, KL,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -311,6 +312,42 @@ def test_unknown_keys_are_named_with_a_hint(tmp_path):
     assert "'learnng_rate' (did you mean 'learning_rate'?)" in message
     assert "'judge_lambda' (a field of trainer 'judge_credit')" in message
     assert "'zzz'" in message
+
+
+def test_every_scaffold_and_sandbox_setting_is_a_recipe_key(tiny, tmp_path):
+    """Each field of RLMScaffoldConfig (but the Python-only helper_objects and the nested sandbox) and of
+    SandboxLimits (but the uid pool) is a stepwise recipe key, and reaches the scaffold the trainer builds."""
+    from trl_ext.rlm import RLMScaffoldConfig, SandboxLimits
+
+    scaffold_fields = {f.name for f in dataclasses.fields(RLMScaffoldConfig)} - {"helper_objects", "sandbox"}
+    settings = {
+        "max_prompt_tokens": 512,
+        "max_batch_wait_s": 0.25,
+        "max_batch_size": 16,
+        "max_llm_queries": 8,
+        "rlm_helpers": "def helper():\n    return 1\n",
+        "rlm_no_code_prompt": "Write a repl block.",
+        "rlm_leaf_recursion_note": "No children here.",
+        "repl_isolation": "process",
+        "repl_max_processes": 7,
+        "repl_cpu_time_s": 30.0,
+    }
+    recipe = parse_recipe(write_recipe(tmp_path / "r.yaml", **toy_stepwise_recipe(tiny, tmp_path / "out", **settings)))
+    config = recipe.training_args
+    scaffold = config.scaffold_config()
+    for name in scaffold_fields - {"helpers"}:
+        key = name if hasattr(config, name) else f"rlm_{name}"
+        assert hasattr(config, key), f"scaffold setting {name!r} has no recipe key"
+    assert (scaffold.max_prompt_tokens, scaffold.max_batch_wait_s, scaffold.max_batch_size) == (512, 0.25, 16)
+    assert scaffold.max_llm_queries == 8 and scaffold.helpers == (settings["rlm_helpers"],)
+    assert (scaffold.no_code_prompt, scaffold.leaf_recursion_note) == ("Write a repl block.", "No children here.")
+    for name in {f.name for f in dataclasses.fields(SandboxLimits)} - {"sandbox_uids"}:
+        assert hasattr(config, f"repl_{name}"), f"sandbox limit {name!r} has no recipe key"
+    assert (scaffold.sandbox.isolation, scaffold.sandbox.max_processes, scaffold.sandbox.cpu_time_s) == (
+        "process",
+        7,
+        30.0,
+    )
 
 
 def test_bad_trainer_file_and_yaml(tmp_path):
