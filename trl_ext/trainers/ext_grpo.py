@@ -190,8 +190,8 @@ class ExtGRPOTrainer(TRLSeam):
           ``batch["completion_ids"]``;
         - add ``batch["loss_weights"]``, a ``(B, T)`` tensor ≥ 0 multiplying each token's policy loss (folded
           into the advantages for TRL's loss types, which is exact for their policy term since each is linear in
-          the advantage for a non-negative weight, though TRL's KL penalty stays unweighted; trl-ext's registered
-          losses such as ``"ipo"`` weight each token's whole loss, the τ and KL penalties included);
+          the advantage for a non-negative weight; trl-ext's registered losses such as ``"ipo"`` weight each
+          token's whole loss, their τ penalty included; the β·KL term stays unweighted for every loss type);
         - change the rows: return any number N of rows, where every value is an N-row tensor, a 0-dim tensor, a
           length-N list or None. Rows are padded afterwards (zero loss) so that N is a multiple of
           ``steps_per_generation`` and equal on every rank, and ``num_items_in_batch`` is recomputed. Log-prob
@@ -375,8 +375,9 @@ class ExtGRPOTrainer(TRLSeam):
             per_token_kl = torch.exp(ref_logps - per_token_logps) - (ref_logps - per_token_logps) - 1
             if self.args.use_bias_correction_kl:
                 per_token_kl = per_token_kl * torch.exp(per_token_logps - old_logps).nan_to_num(0.0)
-            weighted_kl = per_token_kl if weights is None else per_token_kl * weights
-            loss = loss + self.beta * (weighted_kl * mask).sum() / normalizer
+            # β·KL to the reference stays a plain token average for every loss type (TRL's fold the weights into
+            # the advantages, which leaves it unweighted too): a regulariser, not part of the weighted objective.
+            loss = loss + self.beta * (per_token_kl * mask).sum() / normalizer
             self._metrics[mode]["kl"].append(self._global_mean((per_token_kl * mask).sum(), mask.sum()))
         if self.aux_loss_enabled:
             accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
