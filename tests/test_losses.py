@@ -158,3 +158,44 @@ def test_sampling_mismatch_counts_only_the_trained_tokens():
     assert per_row["is_ratio_mean"].item() == pytest.approx(1.25)
     empty = sampling_mismatch(old, sampling, torch.zeros_like(mask), ratio)
     assert all(value.item() == 0.0 for key, value in empty.items() if key.startswith("logp"))
+
+
+def test_ipo_loss_weights_multiply_each_tokens_whole_loss():
+    """w·(−keep·A·ρ̂ + τ·(log ρ)²), summed over loss tokens: the weight reaches the τ term too."""
+    logps, old = _logps()
+    weights = torch.tensor([[2.0, 1.0, 0.5], [0.0, 3.0, 7.0]], dtype=torch.float64)
+    tau = 0.5
+    loss, _ = ipo_loss(logps, old, ADV, MASK, kl_tau=tau, normalizer=1.0, weights=weights)
+    policy = [[-1.25, 0.0, -8.0], [2.0, 0.0, 0.0]]  # -keep·A·ρ̂ (see the header), the padding token is out
+    ratio = [[1.25, 1.8, 10.0], [1.0, 0.1, 1.0]]
+    expected = sum(
+        weights[b, t].item() * (policy[b][t] + tau * math.log(ratio[b][t]) ** 2)
+        for b in range(2)
+        for t in range(3)
+        if MASK[b, t]
+    )
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    # weights of 1 are no weights
+    ones, _ = ipo_loss(logps, old, ADV, MASK, kl_tau=tau, weights=torch.ones_like(weights))
+    plain, _ = ipo_loss(logps, old, ADV, MASK, kl_tau=tau)
+    assert ones.item() == plain.item()
+    with pytest.raises(ValueError, match=r"weights must be \(B, T\)"):
+        ipo_loss(logps, old, ADV, MASK, weights=weights[:, :2])
+
+
+def test_loss_registry_names_the_choices():
+    from trl_ext.losses import LOSSES, LossSpec, get_loss, register_loss
+
+    assert get_loss("ipo").compute is ipo_loss and get_loss("dapo").compute is None
+    assert {name for name, spec in LOSSES.items() if spec.normalization == "rows"} == {
+        "grpo",
+        "sapo",
+        "luspo",
+        "dr_grpo",
+    }
+    with pytest.raises(ValueError, match=r"Unknown loss_type='ppo'. Set loss_type to one of \['grpo'"):
+        get_loss("ppo")
+    with pytest.raises(ValueError, match="already registered"):
+        register_loss(LossSpec("ipo", "rows"))
+    with pytest.raises(ValueError, match="normalization"):
+        register_loss(LossSpec("new_loss", "sequence"))  # type: ignore[arg-type]

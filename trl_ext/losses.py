@@ -119,7 +119,13 @@ def ipo_loss(
         raise ValueError(f"ratio_cap must be > 1 (the ratio of an unchanged token is 1), got {ratio_cap}.")
     if kl_tau < 0:
         raise ValueError(f"kl_tau must be >= 0, got {kl_tau}.")
-    token_advantages = _as_token_advantages(advantages, logps.shape).to(logps.dtype)
+    token_advantages = _as_token_advantages(advantages, logps.shape)
+    if weights is not None:
+        if weights.shape != logps.shape:
+            raise ValueError(f"weights must be (B, T) = {tuple(logps.shape)} like logps; got {tuple(weights.shape)}.")
+        # The policy term's weight on the advantage, the τ term's below: w·(−keep·A·ρ̂ + τ·(log ρ)²).
+        token_advantages = token_advantages * weights
+    token_advantages = token_advantages.to(logps.dtype)
 
     loss_tokens = mask.bool()
     # `where`, not multiplication: garbage old log-probs at padding (-inf, NaN) must not reach exp/backward.
@@ -138,11 +144,8 @@ def ipo_loss(
 
     per_token_loss = -keep.to(logps.dtype) * token_advantages * capped_ratio_value
     if kl_tau:
-        per_token_loss = per_token_loss + kl_tau * log_ratio.pow(2)
-    if weights is not None:
-        if weights.shape != logps.shape:
-            raise ValueError(f"weights must be (B, T) = {tuple(logps.shape)} like logps; got {tuple(weights.shape)}.")
-        per_token_loss = per_token_loss * weights.to(logps.dtype)
+        penalty = kl_tau * log_ratio.pow(2)
+        per_token_loss = per_token_loss + (penalty if weights is None else penalty * weights.to(logps.dtype))
     per_token_loss = torch.where(scorable, per_token_loss, zeros)
 
     num_tokens = loss_tokens.sum()
