@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import re
-import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +80,17 @@ class MethodCard:
         return list(dict.fromkeys(["trl", "grpo", "trl-ext", self.tag]))
 
 
+def _paper(title: str, arxiv_id: str | None, kind: str, key: str, **fields: str | int) -> dict[str, str | None]:
+    """TRL's `_paper` of a method: its ``title``, ``id`` (the arXiv id, None when it is not on arXiv) and BibTeX
+    ``citation`` (``@kind{key,``, the title, then ``fields`` in order: strings in braces, numbers bare)."""
+    entries = {"title": f"{{{title}}}", **fields}
+    lines = [
+        f"    {name:<12} = {value if isinstance(value, int) else '{' + value + '}'},"
+        for name, value in entries.items()
+    ]
+    return {"title": title, "id": arxiv_id, "citation": "\n".join([f"@{kind}{{{key},", *lines, "}"])}
+
+
 _DEEPSEEKMATH = (
     'Z. Shao et al., "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models", '
     "arXiv:2402.03300",
@@ -96,17 +106,15 @@ METHODS: dict[str, MethodCard] = {
         title="Stepwise Recursive-Language-Model RL",
         description="RLM rollouts over a persistent Python REPL; every turn of every root and child node is a "
         "training sample, children weighted 1/k per parent (`trl_ext.StepwiseRLMTrainer`).",
-        paper={
-            "title": "Reinforcing Recursive Language Models",
-            "id": None,  # a blog post, not on arXiv
-            "citation": textwrap.dedent("""\
-                @misc{kim2026reinforcing,
-                    title        = {{Reinforcing Recursive Language Models}},
-                    author       = {Kim and Ahmad},
-                    year         = 2026,
-                    howpublished = {alphaXiv blog, May 2026},
-                }"""),
-        },
+        paper=_paper(
+            "Reinforcing Recursive Language Models",
+            None,  # a blog post, not on arXiv
+            "misc",
+            "kim2026reinforcing",
+            author="Kim and Ahmad",
+            year=2026,
+            howpublished="alphaXiv blog, May 2026",
+        ),
         sources=(
             ('Kim & Ahmad, "Reinforcing Recursive Language Models", alphaXiv blog, 2026-05', ""),
             ("Zhang, Kraska, Khattab, the RLM scaffold, arXiv:2512.24601", "https://arxiv.org/abs/2512.24601"),
@@ -119,16 +127,14 @@ METHODS: dict[str, MethodCard] = {
         title="Token-span LLM-judge credit",
         description="An LLM judge marks token spans of each rollout (progress, errors, corrections); its credit, "
         "capped by λ, is added to the Dr. GRPO outcome advantage per token (`trl_ext.JudgeCreditTrainer`).",
-        paper={
-            "title": "Dear diary, I judged rollouts: how your RL judge affects your model's reasoning",
-            "id": None,  # a blog post, not on arXiv
-            "citation": textwrap.dedent("""\
-                @misc{dear_diary_judge2026,
-                    title        = {{Dear diary, I judged rollouts: how your RL judge affects your model's reasoning}},
-                    year         = 2026,
-                    howpublished = {blog post},
-                }"""),
-        },
+        paper=_paper(
+            "Dear diary, I judged rollouts: how your RL judge affects your model's reasoning",
+            None,  # a blog post, not on arXiv
+            "misc",
+            "dear_diary_judge2026",
+            year=2026,
+            howpublished="blog post",
+        ),
         sources=(
             ('"Dear diary, I judged rollouts: how your RL judge affects your model\'s reasoning", blog, 2026', ""),
         ),
@@ -140,17 +146,15 @@ METHODS: dict[str, MethodCard] = {
         title="RLMT: reinforcement learning with model-rewarded thinking",
         description="The policy plans in `<think>` before its response; a reward model scores the response only "
         "(`trl_ext.RLMTTrainer`).",
-        paper={
-            "title": "Language Models that Think, Chat Better",
-            "id": "2509.20357",
-            "citation": textwrap.dedent("""\
-                @article{bhaskar2025language,
-                    title        = {{Language Models that Think, Chat Better}},
-                    author       = {Bhaskar, Adithya and Ye, Xi and Chen, Danqi},
-                    year         = 2025,
-                    eprint       = {arXiv:2509.20357},
-                }"""),
-        },
+        paper=_paper(
+            "Language Models that Think, Chat Better",
+            "2509.20357",
+            "article",
+            "bhaskar2025language",
+            author="Bhaskar, Adithya and Ye, Xi and Chen, Danqi",
+            year=2025,
+            eprint="arXiv:2509.20357",
+        ),
         sources=(
             (
                 'Bhaskar, Ye, Chen, "Language Models that Think, Chat Better", arXiv:2509.20357',
@@ -165,17 +169,16 @@ METHODS: dict[str, MethodCard] = {
         title="GRPO (trl-ext ExtGRPOTrainer)",
         description="Group-relative policy optimisation with trl-ext's per-token advantage hook "
         "(`trl_ext.ExtGRPOTrainer`).",
-        paper={  # as `trl.GRPOTrainer._paper`
-            "title": "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
-            "id": "2402.03300",
-            "citation": textwrap.dedent("""\
-                @article{shao2024deepseekmath,
-                    title        = {{DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models}},
-                    author       = {Zhihong Shao and Peiyi Wang and Qihao Zhu and Runxin Xu and Junxiao Song and Mingchuan Zhang and Y. K. Li and Y. Wu and Daya Guo},
-                    year         = 2024,
-                    eprint       = {arXiv:2402.03300},
-                }"""),
-        },
+        paper=_paper(  # as `trl.GRPOTrainer._paper`
+            "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
+            "2402.03300",
+            "article",
+            "shao2024deepseekmath",
+            author="Zhihong Shao and Peiyi Wang and Qihao Zhu and Runxin Xu and Junxiao Song and Mingchuan Zhang and "
+            "Y. K. Li and Y. Wu and Daya Guo",
+            year=2024,
+            eprint="arXiv:2402.03300",
+        ),
         sources=(_DEEPSEEKMATH,),
     ),
 }

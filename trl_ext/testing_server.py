@@ -4,20 +4,8 @@
 import from ``trl_ext.quickstart.scripted_server`` instead.
 """
 
-import warnings
-from typing import Any
-
-from trl_ext.quickstart import scripted_server as _moved
+from trl_ext.quickstart._moved import moved_module
 from trl_ext.quickstart.scripted_server import *  # noqa: F403
 from trl_ext.quickstart.scripted_server import __all__  # noqa: F401
 
-warnings.warn(
-    "trl_ext.testing_server moved to trl_ext.quickstart.scripted_server; import it from there (the old path goes in "
-    "the next release).",
-    DeprecationWarning,
-    stacklevel=2,
-)
-
-
-def __getattr__(name: str) -> Any:
-    return getattr(_moved, name)
+__getattr__ = moved_module(__name__, "trl_ext.quickstart.scripted_server")

@@ -15,6 +15,7 @@ from trl_ext.quickstart import (
     held_out_eval_set,
     prepare_output_dir,
     run_quickstart,
+    toy_rl_config_kwargs,
     toy_scaffold_config,
 )
 from trl_ext.quickstart.toy_task import (
@@ -169,6 +170,19 @@ def test_settings_validation():
         QuickstartSettings(rl_micro_batches=3).validate()
     with pytest.raises(ValueError, match="method"):
         run_quickstart(method="ppo")
+
+
+def test_rl_stage_uses_the_evaluation_scaffold(tmp_path):
+    """The RL stage's scaffold fields describe the very scaffold the evaluation runs."""
+    from dataclasses import fields
+
+    from trl_ext.rlm.scaffold import ScaffoldArguments
+
+    settings = QuickstartSettings(max_turns=3)
+    names = {f.name for f in fields(ScaffoldArguments)}
+    kwargs = toy_rl_config_kwargs(settings, tmp_path, progress=False)
+    scaffold = ScaffoldArguments(**{k: v for k, v in kwargs.items() if k in names}).scaffold_config()
+    assert scaffold.to_dict() == toy_scaffold_config(settings).to_dict() and scaffold.max_turns == 3
 
 
 def test_evaluate_policy_on_an_untrained_model(tmp_path):

@@ -156,3 +156,27 @@ def test_config_defaults_follow_the_spec():
     assert (config.max_turns, config.max_depth, config.sandbox.max_output_chars) == (10, 1, 20_000)
     assert config.sandbox.isolation == "auto" and not config.sandbox.network
     assert RLMScaffoldConfig(helpers="def f(): pass").helpers == ("def f(): pass",)
+
+
+def test_scaffold_arguments_mirror_the_scaffold_settings():
+    """`ScaffoldArguments` fields take the scaffold's defaults and help; `arguments_for` names them, and
+    `scaffold_config` turns them back into the same settings."""
+    from dataclasses import fields
+
+    from trl_ext.rlm.sandbox import SandboxArguments, SandboxLimits
+    from trl_ext.rlm.scaffold import ScaffoldArguments
+
+    by_name = {f.name: f for f in fields(ScaffoldArguments)}
+    assert by_name["max_turns"].default == 10 and by_name["max_turns"].metadata["help"].startswith("RLM scaffold: ")
+    assert by_name["rlm_user_prompt"].default is None
+    assert by_name["rlm_user_prompt"].metadata["help"].endswith(" None: the built-in template.")
+    timeout = {f.name: f for f in fields(SandboxArguments)}["repl_timeout_s"]
+    limit = SandboxLimits.__dataclass_fields__["timeout_s"]
+    assert timeout.default == limit.default and timeout.metadata["help"] == f"REPL sandbox: {limit.metadata['help']}"
+
+    settings = {"max_turns": 3, "max_depth": 0, "system_prompt": "Be brief. {context_description}"}
+    arguments = ScaffoldArguments.arguments_for(**settings)
+    assert arguments == {"max_turns": 3, "max_depth": 0, "rlm_system_prompt": "Be brief. {context_description}"}
+    assert ScaffoldArguments(**arguments).scaffold_config().to_dict() == RLMScaffoldConfig(**settings).to_dict()
+    with pytest.raises(TypeError, match=r"\['helpers'\] are not RLMScaffoldConfig limits or templates"):
+        ScaffoldArguments.arguments_for(helpers=("x = 1",))

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from .report import QuickstartResult, history_mean
-from .settings import MINIATURE_LORA, QuickstartSettings, miniature_run_kwargs
-from .training import quiet_progress, save_miniature_run
+from .settings import QuickstartSettings, miniature_run_kwargs
+from .training import save_miniature_run, train_miniature
 
 _ARITHMETIC = [(a, b) for a in range(1, 10) for b in range(1, 10)]
 
@@ -75,8 +75,6 @@ def run_judge_credit(
     output: Path, settings: QuickstartSettings, fast: bool, progress: bool, say: Callable[[str], None]
 ) -> QuickstartResult:
     """The judge-credit miniature in ``output``; ``say`` gets one line per stage."""
-    from peft import LoraConfig
-
     from trl_ext.callbacks import default_monitors
     from trl_ext.recipes import config_summary
     from trl_ext.testing import build_tiny_model_and_tokenizer
@@ -102,17 +100,8 @@ def run_judge_credit(
         )
         monitors = default_monitors()
         say(f"[2/2] JudgeCreditTrainer: {config.max_steps} steps, IPO loss, λ = 0.25, LoRA, default monitors")
-        trainer = JudgeCreditTrainer(
-            model,
-            last_number_reward,
-            args=config,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            peft_config=LoraConfig(**MINIATURE_LORA),
-            callbacks=monitors,
-        )
-        quiet_progress(trainer)
-        trainer.train()  # inside the `with`: the judge server must be up
+        # inside the `with`: the judge server must be up
+        trainer = train_miniature(JudgeCreditTrainer, model, last_number_reward, config, dataset, tokenizer, monitors)
     result = save_miniature_run("judge-credit", trainer, monitors, output, settings, fast, say)
     history = trainer.state.log_history
     result.extra = {

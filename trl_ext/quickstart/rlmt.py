@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .report import QuickstartResult, history_mean
-from .settings import MINIATURE_LORA, QuickstartSettings, miniature_run_kwargs
-from .training import quiet_progress, save_miniature_run
+from .settings import QuickstartSettings, miniature_run_kwargs
+from .training import save_miniature_run, train_miniature
 
 
 def run_rlmt(
@@ -18,7 +18,6 @@ def run_rlmt(
 ) -> QuickstartResult:
     """The RLMT miniature in ``output``; ``say`` gets one line per stage."""
     from datasets import Dataset
-    from peft import LoraConfig
 
     from trl_ext.callbacks import default_monitors
     from trl_ext.recipes import config_summary
@@ -43,17 +42,7 @@ def run_rlmt(
         f"[2/2] RLMTTrainer: {config.max_steps} steps, instruct format, IPO loss, LoRA, β = {config.beta}, "
         "default monitors"
     )
-    trainer = RLMTTrainer(
-        policy,
-        scorer,
-        args=config,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        peft_config=LoraConfig(**MINIATURE_LORA),
-        callbacks=monitors,
-    )
-    quiet_progress(trainer)
-    trainer.train()
+    trainer = train_miniature(RLMTTrainer, policy, scorer, config, dataset, tokenizer, monitors)
     result = save_miniature_run("rlmt", trainer, monitors, output, settings, fast, say)
     history = trainer.state.log_history
     result.extra = {

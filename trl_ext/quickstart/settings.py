@@ -105,13 +105,11 @@ class QuickstartSettings:
             raise ValueError(f"sft_epochs must be > 0, got {self.sft_epochs!r}.")
 
 
-def toy_scaffold_config(settings: QuickstartSettings) -> Any:
-    """The RLM scaffold of the toy task: short prompts, no sub-calls needed (``max_depth=0``)."""
-    from trl_ext.rlm import RLMScaffoldConfig
-
+def _toy_scaffold(settings: QuickstartSettings) -> dict[str, Any]:
+    """The toy task's `RLMScaffoldConfig` settings: short prompts, no sub-calls needed (``max_depth=0``)."""
     from .toy_task import TOY_FIRST_USER_PROMPT, TOY_SYSTEM_PROMPT, TOY_USER_PROMPT
 
-    return RLMScaffoldConfig(
+    return dict(
         max_turns=settings.max_turns,
         max_depth=0,
         system_prompt=TOY_SYSTEM_PROMPT,
@@ -120,9 +118,16 @@ def toy_scaffold_config(settings: QuickstartSettings) -> Any:
     )
 
 
+def toy_scaffold_config(settings: QuickstartSettings) -> Any:
+    """The RLM scaffold of the toy task: short prompts, no sub-calls needed (``max_depth=0``)."""
+    from trl_ext.rlm import RLMScaffoldConfig
+
+    return RLMScaffoldConfig(**_toy_scaffold(settings))
+
+
 def toy_rl_config_kwargs(settings: QuickstartSettings, output: Path, progress: bool) -> dict[str, Any]:
     """`StepwiseRLMConfig` keyword arguments of the quickstart's RL stage (CPU, IPO, the toy scaffold)."""
-    from .toy_task import TOY_FIRST_USER_PROMPT, TOY_SYSTEM_PROMPT, TOY_USER_PROMPT
+    from trl_ext.rlm.scaffold import ScaffoldArguments
 
     return dict(
         **cpu_run_kwargs(output, settings, progress),
@@ -140,11 +145,7 @@ def toy_rl_config_kwargs(settings: QuickstartSettings, output: Path, progress: b
         num_iterations=settings.num_iterations,
         max_completion_length=settings.max_completion_length,
         temperature=settings.temperature,
-        max_turns=settings.max_turns,
-        max_depth=0,
-        rlm_system_prompt=TOY_SYSTEM_PROMPT,
-        rlm_first_user_prompt=TOY_FIRST_USER_PROMPT,
-        rlm_user_prompt=TOY_USER_PROMPT,
+        **ScaffoldArguments.arguments_for(**_toy_scaffold(settings)),
     )
 
 

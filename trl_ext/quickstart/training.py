@@ -1,6 +1,7 @@
 """What every quickstart trainer run shares: the trainer's progress bar without its log printing
 (`quiet_progress`), the adapter and trainer state saved in the output directory (`save_adapter_and_state`), the
-metrics plot (`save_plot`), and a miniature run saved and read back as a `QuickstartResult` (`save_miniature_run`).
+metrics plot (`save_plot`), and a miniature run trained (`train_miniature`), saved and read back as a
+`QuickstartResult` (`save_miniature_run`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 from trl_ext.hub import PLOT_FILE
 
 from .report import QuickstartResult, result_from_history
-from .settings import QuickstartSettings
+from .settings import MINIATURE_LORA, QuickstartSettings
 
 ADAPTER_DIR = "adapter"
 
@@ -39,6 +40,33 @@ def save_adapter_and_state(trainer: Any, output: Path) -> Path:
     adapter_dir = output / ADAPTER_DIR
     trainer.save_model(str(adapter_dir))
     return adapter_dir
+
+
+def train_miniature(
+    trainer_class: type,
+    model: Any,
+    reward_funcs: Any,
+    config: Any,
+    dataset: Any,
+    tokenizer: Any,
+    monitors: list[Any],
+) -> Any:
+    """Build a miniature's trainer (LoRA `MINIATURE_LORA`, the ``monitors`` as callbacks, bars without log printing),
+    train it and return it."""
+    from peft import LoraConfig
+
+    trainer = trainer_class(
+        model,
+        reward_funcs,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=LoraConfig(**MINIATURE_LORA),
+        callbacks=monitors,
+    )
+    quiet_progress(trainer)
+    trainer.train()
+    return trainer
 
 
 def save_miniature_run(

@@ -47,6 +47,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from ._fields import mirror_field
+
 logger = logging.getLogger(__name__)
 
 # Unprivileged uids (and gids of the same number) handed to REPLs when the trainer runs as root. They belong to no
@@ -364,8 +366,7 @@ class SandboxLimits:
 
 
 def _argument(name: str) -> Any:
-    limit = SandboxLimits.__dataclass_fields__[name]
-    return field(default=limit.default, metadata={"help": f"REPL sandbox: {limit.metadata['help']}"})
+    return mirror_field(SandboxLimits, name, "REPL sandbox")
 
 
 @dataclass

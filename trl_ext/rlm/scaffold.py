@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from . import prompts
+from ._fields import mirror_field
 from .repl import ReplResult
 from .sandbox import SandboxLimits
 
@@ -175,15 +176,11 @@ _TEMPLATES = (
 
 
 def _argument(name: str) -> Any:
-    setting = RLMScaffoldConfig.__dataclass_fields__[name]
-    return field(default=setting.default, metadata={"help": f"RLM scaffold: {setting.metadata['help']}"})
+    return mirror_field(RLMScaffoldConfig, name, "RLM scaffold")
 
 
 def _template(name: str) -> Any:
-    setting = RLMScaffoldConfig.__dataclass_fields__[name]
-    return field(
-        default=None, metadata={"help": f"RLM scaffold: {setting.metadata['help']} None: the built-in template."}
-    )
+    return mirror_field(RLMScaffoldConfig, name, "RLM scaffold", default=None, note="None: the built-in template.")
 
 
 @dataclass
@@ -218,6 +215,18 @@ class ScaffoldArguments:
     rlm_degraded_rlm_query_prompt: str | None = _template("degraded_rlm_query_prompt")
     rlm_recursion_note: str | None = _template("recursion_note")
     rlm_leaf_recursion_note: str | None = _template("leaf_recursion_note")
+
+    @staticmethod
+    def arguments_for(**settings: Any) -> dict[str, Any]:
+        """The trainer-config keyword arguments that set these `RLMScaffoldConfig` limits and templates, e.g.
+        ``arguments_for(max_turns=2, system_prompt=s)`` -> ``{"max_turns": 2, "rlm_system_prompt": s}``."""
+        unknown = sorted(set(settings) - set(_LIMITS) - set(_TEMPLATES))
+        if unknown:
+            raise TypeError(
+                f"{unknown} are not RLMScaffoldConfig limits or templates; pass the helpers as rlm_helpers and the "
+                "sandbox as repl_<name> (SandboxArguments)."
+            )
+        return {name if name in _LIMITS else f"rlm_{name}": value for name, value in settings.items()}
 
     def scaffold_config(self, sandbox: SandboxLimits | None = None) -> RLMScaffoldConfig:
         """The `RLMScaffoldConfig` these fields describe, with ``sandbox`` (default: `SandboxLimits()`)."""
