@@ -11,7 +11,8 @@ import time
 import openai
 import pytest
 
-from trl_ext.judge import AsyncChatClient, BackgroundEventLoop, ChatCallError, ParsedReply
+from trl_ext.judge import AsyncChatClient, BackgroundEventLoop, ChatCallError, JudgeVerdict, ParsedReply
+from trl_ext.judge.client import REPLY_STATUSES
 from trl_ext.quickstart.scripted_server import (
     ErrorReply,
     HangReply,
@@ -23,6 +24,7 @@ from trl_ext.quickstart.scripted_server import (
     last_user_text,
     replies_in_order,
 )
+from trl_ext.rewards import RubricVerdict
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -290,6 +292,13 @@ def test_chat_parsed_repairs_an_unparseable_reply_in_the_conversation():
         sent[2]["messages"][2]["role"] == "user"
         and "number only (invalid literal" in sent[2]["messages"][2]["content"]
     )
+
+
+def test_a_reply_and_the_verdicts_built_from_it_share_one_status_vocabulary():
+    assert REPLY_STATUSES == ("ok", "unparseable", "failed")
+    for status in REPLY_STATUSES:
+        outcomes = [ParsedReply(status=status), JudgeVerdict(status=status), RubricVerdict(status=status, reward=0.0)]
+        assert [outcome.ok for outcome in outcomes] == [status == "ok"] * 3
 
 
 def test_chat_parsed_gives_up_after_its_repairs():

@@ -247,6 +247,30 @@ def test_scorer_errors_name_the_fix(reward_model):
         RewardModelScorer(model, build_tiny_tokenizer(), dtype="float99")
     with pytest.raises(ValueError, match="'instruct'"):
         RewardModelScorer(model, build_tiny_tokenizer(), format="base")
+    with pytest.raises(TypeError, match="batchsize"):
+        RewardModelScorer(model, build_tiny_tokenizer(), batchsize=4)
+
+
+def test_both_scorers_take_the_same_response_only_settings(reward_model):
+    model, tokenizer = reward_model
+    settings = dict(format="zero", strict=False, malformed_reward=-3.0, malformed_margin=2.0, starts_in_thinking=True)
+    settings.update(system_prompt="Plan first.", original_prompt_column="question")
+    local = RewardModelScorer(model, tokenizer, name="rm", **settings)
+    served = ServedRewardModelScorer("http://127.0.0.1:1", "rm", name="served", **settings)
+    for scorer in (local, served):
+        assert {key: getattr(scorer, key) for key in settings} == settings
+    assert (local.__name__, served.__name__) == ("rm", "served")
+    assert (
+        RewardModelScorer(model, tokenizer).format == ServedRewardModelScorer("http://h:1", "rm").format == "instruct"
+    )
+    for make in (
+        lambda **kw: RewardModelScorer(model, tokenizer, **kw),
+        lambda **kw: ServedRewardModelScorer("http://h:1", "m", **kw),
+    ):
+        with pytest.raises(ValueError, match="malformed_margin"):
+            make(malformed_margin=-1.0)
+        with pytest.raises(ValueError, match="'instruct'"):
+            make(format="base")
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from trl_ext.rlm import (
     VLLMColocateGenerator,
     VLLMServerGenerator,
 )
-from trl_ext.rlm.generators import completion_from_vllm_sample, sampled_token_logprobs
+from trl_ext.rlm.generators import SamplingSettings, completion_from_vllm_sample, sampled_token_logprobs
 from trl_ext.testing import EOS_TOKEN_ID, build_tiny_model_and_tokenizer
 
 
@@ -216,6 +216,50 @@ def test_from_trainer_reads_trl_settings_and_rejects_unsupported_modes():
         VLLMColocateGenerator.from_trainer(_vllm_generation("colocate", enable_sleep_mode=True))
     with pytest.raises(ValueError, match="vllm_mode='server'"):
         VLLMServerGenerator.from_trainer(SimpleNamespace())
+
+
+def test_one_sampling_settings_home_for_every_generator(tiny):
+    """TRL's settings are read once (`SamplingSettings.from_trl`), and each backend gets them under its own names."""
+    args = SimpleNamespace(
+        max_completion_length=20,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=None,
+        min_p=0.05,
+        repetition_penalty=1.3,
+        generation_kwargs={"no_repeat_ngram_size": 2},
+    )
+    settings = SamplingSettings.from_trl(args)
+    assert settings == SamplingSettings(20, 0.5, 0.9, 0, 0.05, 1.3, {"no_repeat_ngram_size": 2})
+    model, tokenizer = tiny
+    trainer = SimpleNamespace(
+        args=args, model=model, processing_class=tokenizer, accelerator=SimpleNamespace(unwrap_model=lambda m: m)
+    )
+    transformers = TransformersGenerator.from_trainer(trainer, batch_size=2, top_k=7)
+    assert transformers.batch_size == 2 and transformers.settings == SamplingSettings(
+        20, 0.5, 0.9, 7, 0.05, 1.3, {"no_repeat_ngram_size": 2}
+    )
+    config = transformers._generation_config()
+    assert (config.max_new_tokens, config.temperature, config.top_p, config.top_k) == (20, 0.5, 0.9, 7)
+    assert (config.min_p, config.repetition_penalty, config.no_repeat_ngram_size) == (0.05, 1.3, 2)
+    greedy = TransformersGenerator(model, tokenizer, temperature=0)._generation_config()
+    assert not greedy.do_sample and greedy.repetition_penalty in (None, 1.0) and greedy.min_p is None  # no-ops: unset
+    colocate = VLLMColocateGenerator("LLM", settings=settings, top_k=4)
+    assert colocate.settings.top_k == 4 and settings.top_k == 0  # a field passed by keyword wins; settings unchanged
+    assert colocate.sampling == dict(
+        n=1, max_tokens=20, temperature=0.5, top_p=0.9, top_k=4, min_p=0.05, repetition_penalty=1.3, logprobs=0,
+        no_repeat_ngram_size=2,
+    )  # fmt: skip
+    server = VLLMServerGenerator(_TRLServerClient(), settings=settings)
+    assert server.sampling == dict(
+        max_tokens=20, temperature=0.5, top_p=0.9, top_k=0, min_p=0.05, repetition_penalty=1.3,
+        generation_kwargs={"no_repeat_ngram_size": 2},
+    )  # fmt: skip
+    for make in (VLLMColocateGenerator, VLLMServerGenerator):
+        with pytest.raises(ValueError, match="temperature must be >= 0"):
+            make(None, temperature=-1.0)
+        with pytest.raises(TypeError, match="max_tokens"):
+            make(None, max_tokens=8)  # vLLM's name is not a setting: max_new_tokens is
 
 
 def test_canonical_order_generator_is_order_independent():

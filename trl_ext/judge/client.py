@@ -45,6 +45,9 @@ T = TypeVar("T")
 
 STRUCTURED_OUTPUT_MODES = ("auto", "on", "off")
 
+# What asking a judge can end in: the status of a `ParsedReply`, and of every judge verdict built from one.
+REPLY_STATUSES = ("ok", "unparseable", "failed")
+
 # Settings of the hand-written backoff that the SDK's retries replaced. The SDK has no equivalent knobs, so a value
 # would be silently ignored: passing one is an error that says so.
 REMOVED_RETRY_OPTIONS = ("backoff_initial", "backoff_max", "seed")
@@ -107,8 +110,18 @@ class ChatResult:
         return self.message.get("tool_calls") or []
 
 
+class JudgeOutcome:
+    """Base of the results whose ``status`` is one of `REPLY_STATUSES` (`ParsedReply`, the judges' verdicts)."""
+
+    status: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
 @dataclass
-class ParsedReply(Generic[T]):
+class ParsedReply(JudgeOutcome, Generic[T]):
     """What `AsyncChatClient.chat_parsed` got.
 
     Attributes:
@@ -127,10 +140,6 @@ class ParsedReply(Generic[T]):
     raw_output: str | None = None
     requests: int = 0
     repairs: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
 
 
 @dataclass

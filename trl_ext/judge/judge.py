@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .client import AsyncChatClient, ChatCallError
+from .client import REPLY_STATUSES, AsyncChatClient, ChatCallError, JudgeOutcome
 from .credit import DEFAULT_LABEL_SCORES
 from .markers import MarkedTrace
 from .prompts import FINAL_ROUND_PROMPT, REPAIR_PROMPT, SPANS_RESPONSE_FORMAT, build_messages
@@ -29,7 +29,7 @@ from .tools import TOOL_NAMES, JudgeTools, PythonSandbox, ReplSandbox
 
 logger = logging.getLogger(__name__)
 
-VERDICT_STATUSES = ("ok", "failed", "unparseable")
+VERDICT_STATUSES = REPLY_STATUSES  # a verdict's status is that of the judge's reply
 REPAIR_REQUESTS = 1  # follow-up requests after an answer with no span list
 
 
@@ -55,7 +55,7 @@ class JudgeRequest:
 
 
 @dataclass
-class JudgeVerdict:
+class JudgeVerdict(JudgeOutcome):
     """What the judge said about one rollout.
 
     Attributes:
@@ -77,10 +77,6 @@ class JudgeVerdict:
     tool_calls: int = 0
     error: str | None = None
     raw_output: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
 
     def to_record(self) -> dict[str, Any]:
         """A JSON-serialisable summary for the audit log."""

@@ -8,30 +8,13 @@ completions. So each plugs into `trl.GRPOTrainer` and `trl_ext.ExtGRPOTrainer` u
 - `rubric`: `RubricJudgeReward`, an OpenAI-compatible judge scoring precision/recall 1–10 (docs/rubric_judge.md).
 - `span_f1`: `char_span_f1` and `CharSpanF1Reward`, the verifiable baseline (docs/char_span_f1.md).
 - `rlmt`: the RLMT formats, `split_thinking`, `RewardModelScorer`, `ServedRewardModelScorer`, DPO pairs
-  (docs/rlmt.md).
+  (docs/rlmt.md); every public name of `rlmt` is importable from here too.
 - `metrics`: the same metrics as `evaluate` modules (`metric_path`).
 """
 
+from . import rlmt
 from .metrics import metric_path
-from .rlmt import (
-    INSTRUCT_SYSTEM_PROMPT,
-    ORIGINAL_PROMPT_COLUMN,
-    RLMT_FORMATS,
-    ZERO_PROMPT_PREFIX,
-    ZERO_STOP_STRING,
-    RewardModelScorer,
-    ServedRewardModelScorer,
-    ThinkingSplit,
-    build_dpo_pairs,
-    original_prompt,
-    rlmt_format_dataset,
-    rlmt_prompt,
-    sample_on_policy_pairs,
-    select_dpo_pair,
-    split_thinking,
-    stop_token_cut,
-    truncate_at_stop,
-)
+from .rlmt import *  # noqa: F403 (every public RLMT name: `rlmt.__all__` is their one list)
 from .rubric import (
     DEFAULT_RUBRIC,
     RubricJudgeConfig,
@@ -53,35 +36,19 @@ from .span_f1 import (
 
 __all__ = [
     "DEFAULT_RUBRIC",
-    "INSTRUCT_SYSTEM_PROMPT",
-    "ORIGINAL_PROMPT_COLUMN",
-    "RLMT_FORMATS",
-    "ZERO_PROMPT_PREFIX",
-    "ZERO_STOP_STRING",
     "CharSpanF1Reward",
-    "RewardModelScorer",
     "RubricJudgeConfig",
     "RubricJudgeReward",
     "RubricJudgeStats",
     "RubricParseError",
     "RubricVerdict",
-    "ServedRewardModelScorer",
     "SpanScores",
-    "ThinkingSplit",
-    "build_dpo_pairs",
     "char_span_f1",
     "char_span_scores",
     "mean_score_fraction",
     "metric_path",
-    "original_prompt",
     "parse_gold_spans",
     "parse_predicted_spans",
     "parse_rubric_scores",
-    "rlmt_format_dataset",
-    "rlmt_prompt",
-    "sample_on_policy_pairs",
-    "select_dpo_pair",
-    "split_thinking",
-    "stop_token_cut",
-    "truncate_at_stop",
 ]
+__all__ += rlmt.__all__

@@ -35,7 +35,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..judge.client import AsyncChatClient, BackgroundEventLoop, reject_removed_retry_options
+from ..judge.client import (
+    REPLY_STATUSES,
+    AsyncChatClient,
+    BackgroundEventLoop,
+    JudgeOutcome,
+    reject_removed_retry_options,
+)
 from ..text import completion_text, final_answer_text, json_candidates, last_user_text
 from .rlmt import split_thinking
 
@@ -84,7 +90,7 @@ REPAIR_PROMPT = """\
 Your reply did not contain valid scores ({error}). Reply again with only this JSON object:
 {json_shape}"""
 
-VERDICT_STATUSES = ("ok", "unparseable", "failed")
+VERDICT_STATUSES = REPLY_STATUSES  # a verdict's status is that of the judge's reply
 
 
 class RubricParseError(ValueError):
@@ -252,7 +258,7 @@ class RubricJudgeConfig:
 
 
 @dataclass
-class RubricVerdict:
+class RubricVerdict(JudgeOutcome):
     """One judgement.
 
     Attributes:
@@ -273,10 +279,6 @@ class RubricVerdict:
     requests: int = 0
     error: str | None = None
     raw_output: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
 
 
 @dataclass

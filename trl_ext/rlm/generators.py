@@ -2,8 +2,9 @@
 
 A `Generator` is anything with ``generate(prompts) -> list[Completion]``: one `Completion` (sampled token ids
 and the log-prob of each under the *sampling* distribution, i.e. after temperature and top-p/top-k) per
-prompt, in order. Sampling settings belong to the generator, not to the engine. The engine calls `generate`
-from one worker thread, one call at a time.
+prompt, in order. Sampling settings belong to the generator, not to the engine: every generator below takes the
+same `SamplingSettings` (as a ``settings=`` object or as its fields, keyword by keyword), read from a TRL trainer by
+`SamplingSettings.from_trl`. The engine calls `generate` from one worker thread, one call at a time.
 
 Implementations:
 
@@ -20,6 +21,7 @@ vLLM is imported lazily: this module imports without it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -31,6 +33,7 @@ __all__ = [
     "CanonicalOrderGenerator",
     "Completion",
     "Generator",
+    "SamplingSettings",
     "ScriptedGenerator",
     "TransformersGenerator",
     "VLLMColocateGenerator",
@@ -65,6 +68,66 @@ class Generator(Protocol):
     def generate(self, prompts: Sequence[Sequence[int]]) -> list[Completion]:
         """One completion per prompt (B prompts of token ids -> B completions, same order)."""
         ...
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How the policy samples, whatever the backend: the one home of the settings every generator shares.
+
+    The names are TRL's sampling settings (``GRPOConfig``, ``VLLMGeneration``), ``max_completion_length`` being
+    ``max_new_tokens`` here; `from_trl` reads them. Each generator turns them into its backend's parameters.
+    """
+
+    max_new_tokens: int = field(default=256, metadata={"help": "Completion length cap, in tokens."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature; 0 means greedy decoding."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling: keep the smallest set of this mass."})
+    top_k: int = field(default=0, metadata={"help": "Top-k filtering; 0 (or negative): off."})
+    min_p: float = field(default=0.0, metadata={"help": "Min-p filtering (relative to the top token); 0: off."})
+    repetition_penalty: float = field(default=1.0, metadata={"help": "Repetition penalty; 1.0: off."})
+    generation_kwargs: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={"help": "More backend sampling fields, sent as-is (e.g. {'seed': 0}); they win over the above."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        object.__setattr__(self, "generation_kwargs", dict(self.generation_kwargs or {}))
+
+    @classmethod
+    def from_trl(cls, source: Any) -> SamplingSettings:
+        """The sampling settings of a TRL ``GRPOConfig`` (``trainer.args``) or ``VLLMGeneration``, which share names."""
+        return cls(
+            max_new_tokens=source.max_completion_length,
+            temperature=source.temperature,
+            top_p=source.top_p,
+            top_k=source.top_k or 0,
+            min_p=source.min_p or 0.0,
+            repetition_penalty=source.repetition_penalty,
+            generation_kwargs=dict(source.generation_kwargs or {}),
+        )
+
+    @classmethod
+    def resolve(cls, settings: SamplingSettings | None, fields: dict[str, Any]) -> SamplingSettings:
+        """``settings`` (default: all defaults) with ``fields`` replaced: what a generator's ``__init__`` gets."""
+        return dataclasses.replace(settings, **fields) if settings is not None else cls(**fields)
+
+    @property
+    def top_k_on(self) -> bool:
+        return bool(self.top_k) and self.top_k > 0
+
+    def vllm_fields(self, *, top_k_off: int) -> dict[str, Any]:
+        """The fields under vLLM's names (``max_tokens``...), ``generation_kwargs`` apart; ``top_k_off`` means off."""
+        return {
+            "max_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k if self.top_k_on else top_k_off,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+        }
 
 
 # ---------------------------------------------------------------------------------------------- scripted
@@ -120,11 +183,11 @@ class TransformersGenerator:
     Args:
         model: an unwrapped causal LM (``accelerator.unwrap_model(trainer.model)``), PEFT models included.
         tokenizer: gives the pad and eos ids (or pass them).
-        max_new_tokens: completion length cap.
-        temperature: 0 means greedy decoding.
-        top_p / top_k: nucleus and top-k filtering (``top_k=0``: off).
+        settings: the `SamplingSettings` (``temperature=0``: greedy decoding; ``generation_kwargs`` go to
+            ``GenerationConfig``).
         batch_size: prompts per ``generate`` call (None: all at once).
         pad_token_id / eos_token_id: override the tokenizer's; `eos_token_id` may be a list.
+        **sampling: `SamplingSettings` fields (``max_new_tokens``, ``temperature``, ...), over ``settings``.
     """
 
     def __init__(
@@ -132,25 +195,16 @@ class TransformersGenerator:
         model: Any,
         tokenizer: Any = None,
         *,
-        max_new_tokens: int = 256,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
+        settings: SamplingSettings | None = None,
         batch_size: int | None = None,
         pad_token_id: int | None = None,
         eos_token_id: int | list[int] | None = None,
+        **sampling: Any,
     ) -> None:
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        self.settings = SamplingSettings.resolve(settings, sampling)
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
         self.model = model
-        self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
-        self.top_p = top_p
-        self.top_k = top_k
         self.batch_size = batch_size
         self.pad_token_id = pad_token_id if pad_token_id is not None else getattr(tokenizer, "pad_token_id", None)
         eos = eos_token_id if eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
@@ -164,30 +218,29 @@ class TransformersGenerator:
 
     @classmethod
     def from_trainer(cls, trainer: Any, **overrides: Any) -> TransformersGenerator:
-        """Sample with a TRL trainer's model and generation settings (``max_completion_length``, temperature...)."""
-        args = trainer.args
-        settings = {
-            "max_new_tokens": args.max_completion_length,
-            "temperature": args.temperature,
-            "top_p": args.top_p,
-            "top_k": args.top_k or 0,
-        }
-        settings.update(overrides)
+        """Sample with a TRL trainer's model and sampling settings (`SamplingSettings.from_trl` of its args)."""
         model = trainer.accelerator.unwrap_model(trainer.model)
-        return cls(model, trainer.processing_class, **settings)
+        return cls(model, trainer.processing_class, settings=SamplingSettings.from_trl(trainer.args), **overrides)
 
     def _generation_config(self) -> Any:
         from transformers import GenerationConfig
 
+        settings = self.settings
         params: dict[str, Any] = {
-            "max_new_tokens": self.max_new_tokens,
+            "max_new_tokens": settings.max_new_tokens,
             "pad_token_id": self.pad_token_id,
             "eos_token_id": sorted(self.eos_token_ids),
         }
-        if self.temperature == 0:
+        if settings.temperature == 0:
             params["do_sample"] = False
         else:
-            params.update(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)  # 0: off
+            top_k = settings.top_k if settings.top_k_on else 0  # transformers: 0 is off
+            params.update(do_sample=True, temperature=settings.temperature, top_p=settings.top_p, top_k=top_k)
+            if settings.min_p > 0:
+                params["min_p"] = settings.min_p
+        if settings.repetition_penalty != 1.0:
+            params["repetition_penalty"] = settings.repetition_penalty
+        params.update(settings.generation_kwargs)
         return GenerationConfig(**params)
 
     def generate(self, prompts: Sequence[Sequence[int]]) -> list[Completion]:
@@ -290,34 +343,19 @@ class VLLMColocateGenerator:
 
     Args:
         llm: a ``vllm.LLM``.
-        max_new_tokens / temperature / top_p / top_k / min_p / repetition_penalty: vLLM sampling parameters
-            (``top_k=0`` or ``-1``: off).
-        generation_kwargs: more ``vllm.SamplingParams`` fields (e.g. ``{"seed": 0}``); they win over the above.
+        settings: the `SamplingSettings`; ``generation_kwargs`` are more ``vllm.SamplingParams`` fields
+            (e.g. ``{"seed": 0}``) and win over the others.
+        **sampling: `SamplingSettings` fields (``max_new_tokens``, ``temperature``, ...), over ``settings``.
     """
 
-    def __init__(
-        self,
-        llm: Any,
-        *,
-        max_new_tokens: int = 256,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        min_p: float = 0.0,
-        repetition_penalty: float = 1.0,
-        generation_kwargs: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, llm: Any, *, settings: SamplingSettings | None = None, **sampling: Any) -> None:
         self.llm = llm
-        self.sampling = {
+        self.settings = SamplingSettings.resolve(settings, sampling)
+        self.sampling = {  # the keyword arguments of vllm.SamplingParams
             "n": 1,
-            "max_tokens": max_new_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
-            "top_k": top_k if top_k and top_k > 0 else -1,
-            "min_p": min_p,
-            "repetition_penalty": repetition_penalty,
+            **self.settings.vllm_fields(top_k_off=-1),
             "logprobs": 0,  # the sampled token's log-prob only
-            **(generation_kwargs or {}),
+            **self.settings.generation_kwargs,
         }
 
     @classmethod
@@ -338,7 +376,7 @@ class VLLMColocateGenerator:
                 "vllm_enable_sleep_mode=True discards the engine's weights between generations; set it to False "
                 "for RLM rollouts (they call the engine many times per step)."
             )
-        return cls(vllm_generation.llm, **{**_trl_sampling(vllm_generation), **overrides})
+        return cls(vllm_generation.llm, settings=SamplingSettings.from_trl(vllm_generation), **overrides)
 
     def generate(self, prompts: Sequence[Sequence[int]]) -> list[Completion]:
         if not prompts:
@@ -373,36 +411,22 @@ class VLLMServerGenerator:
 
     Args:
         client: a ``VLLMClient`` (or any object with its ``generate`` signature).
-        max_new_tokens / temperature / top_p / top_k / min_p / repetition_penalty: sampling parameters.
-        generation_kwargs: more sampling fields sent as-is (e.g. ``{"seed": 0}``).
+        settings: the `SamplingSettings`; ``generation_kwargs`` are sent as-is (e.g. ``{"seed": 0}``).
+        **sampling: `SamplingSettings` fields (``max_new_tokens``, ``temperature``, ...), over ``settings``.
     """
 
-    def __init__(
-        self,
-        client: Any,
-        *,
-        max_new_tokens: int = 256,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        min_p: float = 0.0,
-        repetition_penalty: float = 1.0,
-        generation_kwargs: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, client: Any, *, settings: SamplingSettings | None = None, **sampling: Any) -> None:
         self.client = client
-        self.sampling = {
-            "max_tokens": max_new_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
-            "top_k": top_k if top_k and top_k > 0 else 0,
-            "min_p": min_p,
-            "repetition_penalty": repetition_penalty,
-            "generation_kwargs": generation_kwargs or {},
+        self.settings = SamplingSettings.resolve(settings, sampling)
+        self.sampling = {  # the sampling keyword arguments of VLLMClient.generate
+            **self.settings.vllm_fields(top_k_off=0),
+            "generation_kwargs": self.settings.generation_kwargs,
         }
 
     @classmethod
     def from_url(cls, base_url: str, *, connection_timeout: float = 240.0, **sampling: Any) -> VLLMServerGenerator:
-        """Connect a new client (no weight-sync communicator: the trainer keeps syncing weights itself)."""
+        """Connect a new client (no weight-sync communicator: the trainer keeps syncing weights itself); ``sampling``:
+        the keyword arguments of `VLLMServerGenerator` (``settings=`` and/or `SamplingSettings` fields)."""
         from trl.generation.vllm_client import VLLMClient
 
         return cls(VLLMClient(base_url=base_url, connection_timeout=connection_timeout), **sampling)
@@ -413,14 +437,16 @@ class VLLMServerGenerator:
         vllm_generation = getattr(trainer, "vllm_generation", None)
         if vllm_generation is None or vllm_generation.mode != "server":
             raise ValueError("VLLMServerGenerator.from_trainer needs a trainer with use_vllm=True, vllm_mode='server'")
-        settings = {**_trl_sampling(vllm_generation), **overrides}
+        settings = SamplingSettings.from_trl(vllm_generation)
         client = getattr(vllm_generation, "vllm_client", None)
         if client is not None:
-            return cls(client, **settings)
+            return cls(client, settings=settings, **overrides)
         base_url = (
             vllm_generation.server_base_url or f"http://{vllm_generation.server_host}:{vllm_generation.server_port}"
         )
-        return cls.from_url(base_url, connection_timeout=vllm_generation.server_timeout, **settings)
+        return cls.from_url(
+            base_url, connection_timeout=vllm_generation.server_timeout, settings=settings, **overrides
+        )
 
     def generate(self, prompts: Sequence[Sequence[int]]) -> list[Completion]:
         if not prompts:
@@ -441,19 +467,6 @@ class VLLMServerGenerator:
             )
             for row, ids in enumerate(completion_ids)
         ]
-
-
-def _trl_sampling(vllm_generation: Any) -> dict[str, Any]:
-    """Sampling settings of TRL's ``VLLMGeneration`` (trl.generation.vllm_generation), as our keyword names."""
-    return {
-        "max_new_tokens": vllm_generation.max_completion_length,
-        "temperature": vllm_generation.temperature,
-        "top_p": vllm_generation.top_p,
-        "top_k": vllm_generation.top_k or 0,
-        "min_p": vllm_generation.min_p or 0.0,
-        "repetition_penalty": vllm_generation.repetition_penalty,
-        "generation_kwargs": dict(vllm_generation.generation_kwargs or {}),
-    }
 
 
 class CanonicalOrderGenerator:

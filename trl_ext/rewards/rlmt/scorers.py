@@ -37,19 +37,23 @@ class ScorerStats:
 
 
 class _ResponseOnlyScorer:
-    """What both scorers share: splitting, the reward model's conversation, the malformed reward, logging."""
+    """What both scorers share: splitting, the reward model's conversation, the malformed reward, logging.
+
+    Its keyword arguments besides ``name`` (documented in `RewardModelScorer`) are the settings of every
+    response-only scorer; a subclass takes them as ``**response_only`` and passes them on.
+    """
 
     def __init__(
         self,
         *,
-        format: Format,
-        strict: bool,
-        malformed_reward: float | None,
-        malformed_margin: float,
-        starts_in_thinking: bool,
-        system_prompt: str,
-        original_prompt_column: str | None,
         name: str,
+        format: Format = "instruct",
+        strict: bool = True,
+        malformed_reward: float | None = None,
+        malformed_margin: float = 1.0,
+        starts_in_thinking: bool = False,
+        system_prompt: str = INSTRUCT_SYSTEM_PROMPT,
+        original_prompt_column: str | None = ORIGINAL_PROMPT_COLUMN,
     ):
         _check_format(format)
         if malformed_reward is not None and not math.isfinite(malformed_reward):
@@ -145,11 +149,6 @@ class RewardModelScorer(_ResponseOnlyScorer):
         model: a model id/path (loaded with ``AutoModelForSequenceClassification``) or a loaded model.
         tokenizer: its tokenizer (loaded from ``model`` when it is a path). Must have a chat template, or pass
             ``chat_template``.
-        format: ``"instruct"`` or ``"zero"`` (how completions are split).
-        strict: malformed completions (see `split_thinking`) get the lowest reward instead of a score.
-        malformed_reward: that lowest reward; ``None`` = the batch minimum minus ``malformed_margin``.
-        malformed_margin: see ``malformed_reward``.
-        starts_in_thinking: the policy's template pre-fills ``<think>`` (see `split_thinking`).
         device: where the reward model runs; ``None`` = the current CUDA device when there is one (each Accelerate
             process has its own), else CPU; resolved at the first call.
         dtype: e.g. ``"bfloat16"`` or ``torch.bfloat16``; ``None`` keeps the model's.
@@ -157,10 +156,21 @@ class RewardModelScorer(_ResponseOnlyScorer):
         max_length: longest input in tokens; longer inputs lose their *beginning* (the response end is kept).
         label_index: which logit is the score (reward models have one label: 0).
         chat_template: overrides the tokenizer's chat template.
-        system_prompt: the RLMT instruction to remove from prompts (see `original_prompt`).
-        original_prompt_column: dataset column with the user's original prompt (`rlmt_format_dataset` adds it).
         name: ``__name__`` for TRL's metric names.
         model_init_kwargs: extra ``from_pretrained`` arguments when ``model`` is a path.
+        **response_only: the settings every response-only scorer takes (`ServedRewardModelScorer` too):
+
+            - format: ``"instruct"`` (default) or ``"zero"`` (how completions are split).
+            - strict: malformed completions (see `split_thinking`) get the lowest reward instead of a score
+              (default True).
+            - malformed_reward: that lowest reward; ``None`` (default) = the batch minimum minus
+              ``malformed_margin``.
+            - malformed_margin: see ``malformed_reward`` (default 1.0).
+            - starts_in_thinking: the policy's template pre-fills ``<think>`` (see `split_thinking`; default False).
+            - system_prompt: the RLMT instruction to remove from prompts (see `original_prompt`; default
+              `INSTRUCT_SYSTEM_PROMPT`).
+            - original_prompt_column: dataset column with the user's original prompt (`rlmt_format_dataset` adds
+              it; default `ORIGINAL_PROMPT_COLUMN`).
     """
 
     def __init__(
@@ -168,32 +178,17 @@ class RewardModelScorer(_ResponseOnlyScorer):
         model: str | torch.nn.Module,
         tokenizer: Any = None,
         *,
-        format: Format = "instruct",
-        strict: bool = True,
-        malformed_reward: float | None = None,
-        malformed_margin: float = 1.0,
-        starts_in_thinking: bool = False,
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
         batch_size: int = 8,
         max_length: int | None = None,
         label_index: int = 0,
         chat_template: str | None = None,
-        system_prompt: str = INSTRUCT_SYSTEM_PROMPT,
-        original_prompt_column: str | None = ORIGINAL_PROMPT_COLUMN,
         name: str = "reward_model",
         model_init_kwargs: dict[str, Any] | None = None,
+        **response_only: Any,
     ):
-        super().__init__(
-            format=format,
-            strict=strict,
-            malformed_reward=malformed_reward,
-            malformed_margin=malformed_margin,
-            starts_in_thinking=starts_in_thinking,
-            system_prompt=system_prompt,
-            original_prompt_column=original_prompt_column,
-            name=name,
-        )
+        super().__init__(name=name, **response_only)
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1.")
         if max_length is not None and max_length < 1:
@@ -302,7 +297,8 @@ class ServedRewardModelScorer(_ResponseOnlyScorer):
     - ``request_mode="text"``: batches of ``batch_size`` texts rendered here with ``tokenizer``'s chat template
       (the reward model's tokenizer), sent with ``add_special_tokens: false``;
 
-    and ``use_activation: false`` by default, so the score is the raw logit, as `RewardModelScorer` reads it.
+    and ``use_activation: false`` by default, so the score is the raw logit, as `RewardModelScorer` reads it. The
+    response-only settings (``format``, ``strict``, ``malformed_reward``, ...) are `RewardModelScorer`'s.
 
     Requests go through `trl_ext.judge.client.OpenAIEndpoint`, as the LLM judges' do: the openai SDK's retries
     (``max_retries``, with backoff, on 408/409/429/5xx, timeouts and connection errors), ``timeout`` seconds per
@@ -326,25 +322,10 @@ class ServedRewardModelScorer(_ResponseOnlyScorer):
         max_retries: int = 3,
         api_key_env: str | None = None,
         fallback_reward: float | None = None,
-        format: Format = "instruct",
-        strict: bool = True,
-        malformed_reward: float | None = None,
-        malformed_margin: float = 1.0,
-        starts_in_thinking: bool = False,
-        system_prompt: str = INSTRUCT_SYSTEM_PROMPT,
-        original_prompt_column: str | None = ORIGINAL_PROMPT_COLUMN,
         name: str = "served_reward_model",
+        **response_only: Any,
     ):
-        super().__init__(
-            format=format,
-            strict=strict,
-            malformed_reward=malformed_reward,
-            malformed_margin=malformed_margin,
-            starts_in_thinking=starts_in_thinking,
-            system_prompt=system_prompt,
-            original_prompt_column=original_prompt_column,
-            name=name,
-        )
+        super().__init__(name=name, **response_only)
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url={base_url!r} must be the server root, e.g. 'http://127.0.0.1:8000'.")
         if request_mode not in ("messages", "text"):
