@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+if (
+    TYPE_CHECKING
+):  # the 1/k weights are plain Python: `trl_ext.rlm` (and the REPL's processes) import them without torch
+    from torch import Tensor
 
 __all__ = ["broadcast_advantages", "stepwise_loss_weights", "subtree_weights", "trained_node_weights"]
 
@@ -177,6 +180,8 @@ def stepwise_loss_weights(
         )
     if (row_node_tokens <= 0).any():
         raise ValueError("every trained node needs at least one action token (row_node_tokens > 0).")
+    import torch
+
     scale = torch.as_tensor(num_tokens, dtype=torch.float32) / torch.as_tensor(num_roots, dtype=torch.float32)
     per_row = row_node_weight.float() / row_node_tokens.float() * scale.to(row_node_weight.device)
     return per_row.unsqueeze(1) * completion_mask.float()

@@ -12,8 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from tests.test_stepwise_rlm import scripted_generator, yes_reward  # noqa: E402
 
+from tests.trainers.test_stepwise_rlm import scripted_generator, yes_reward  # noqa: E402
 from tests.utils import cpu_config_kwargs  # noqa: E402
 from trl_ext.testing import build_tiny_model_and_tokenizer  # noqa: E402
 from trl_ext.trainers.stepwise_rlm import StepwiseRLMConfig, StepwiseRLMTrainer  # noqa: E402

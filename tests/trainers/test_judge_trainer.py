@@ -221,8 +221,13 @@ def test_training_run_per_token_advantages_differ_exactly_on_the_spans(tmp_path)
     judge = SpanPickingJudge()
     model, tokenizer = build_tiny_model_and_tokenizer(0)
     trainer_class = capturing(JudgeCreditTrainer)
+    # EOS grows likelier after the 3rd token, so some rollouts end with an EOS the judge never reads (the λ cap's
+    # mean must leave it out) and others run to the length limit.
+    eos_later = {"exponential_decay_length_penalty": (3, 3.0)}
     with ScriptedChatServer(judge) as server:
-        config = JudgeCreditConfig(**cpu_config_kwargs(str(tmp_path), max_steps=2), **judge_kwargs(server))
+        config = JudgeCreditConfig(
+            **cpu_config_kwargs(str(tmp_path), max_steps=2, generation_kwargs=eos_later), **judge_kwargs(server)
+        )
         trainer = trainer_class(
             model,
             digit_reward,

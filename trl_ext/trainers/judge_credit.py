@@ -332,6 +332,8 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
     audit log).
     """
 
+    batch_scope_class = JudgeBatchScope
+
     # TRL's model card (`create_model_card`, `push_to_hub`) from the method table `trl_ext.hub.METHODS`
     _tag_names = METHODS["judge-credit"].tag_names
     _name = METHODS["judge-credit"].name
