@@ -8,20 +8,16 @@ from transformers import TrainerCallback
 
 
 class GenerationTimer:
-    """Trainer mixin: accumulates the time spent generating and scoring batches (from trl-ext's `on_batch_start` to
-    its `on_batch_end` hook: TRL's generation and scoring, and the trainer's `after_scoring`)."""
+    """Trainer mixin: accumulates the time spent in generation and scoring (`_generate_and_score_completions`)."""
 
     generation_s = 0.0
 
-    def on_batch_start(self, scope):
-        self._generation_start = time.perf_counter()
-        super().on_batch_start(scope)
-
-    def on_batch_end(self, scope):
+    def _generate_and_score_completions(self, inputs):
+        start = time.perf_counter()
         try:
-            super().on_batch_end(scope)
+            return super()._generate_and_score_completions(inputs)
         finally:
-            self.generation_s += time.perf_counter() - self._generation_start
+            self.generation_s += time.perf_counter() - start
 
 
 class StepTimer(TrainerCallback):
