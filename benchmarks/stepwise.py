@@ -34,7 +34,7 @@ from _timing import GenerationTimer, StepTimer  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from trl.trainer.utils import pad  # noqa: E402
 
-from tests.test_stepwise_rlm import scripted_generator, yes_reward  # noqa: E402
+from tests.trainers.test_stepwise_rlm import scripted_generator, yes_reward  # noqa: E402
 from trl_ext.testing import build_tiny_model_and_tokenizer  # noqa: E402
 from trl_ext.trainers.stepwise_rlm import StepwiseRLMConfig, StepwiseRLMTrainer  # noqa: E402
 
