@@ -13,9 +13,8 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-if (
-    TYPE_CHECKING
-):  # the 1/k weights are plain Python: `trl_ext.rlm` (and the REPL's processes) import them without torch
+# The 1/k weights are plain Python: `trl_ext.rlm` (and the REPL's processes) import them without torch.
+if TYPE_CHECKING:
     from torch import Tensor
 
 __all__ = ["broadcast_advantages", "stepwise_loss_weights", "subtree_weights", "trained_node_weights"]
@@ -115,7 +114,7 @@ def trained_node_weights(
     if not train_children:
         return weights
     if child_sampling == "all":
-        return list(subtree_weights(parents))
+        return subtree_weights(parents)
     rng = rng or random.Random(0)
     stack = [0]
     while stack:
