@@ -120,7 +120,9 @@ def test_trl_loss_types_give_the_same_losses_as_grpo_trainer(tmp_path, loss_type
         histories.append([h["loss"] for h in trainer.state.log_history if "loss" in h])
     trl_losses, ext_losses = histories
     assert len(trl_losses) == 3
-    assert ext_losses == pytest.approx(trl_losses, rel=1e-5, abs=1e-7)
+    # ExtGRPOTrainer packs each prompt's completions (prefix_sharing="auto"): the on-policy losses are ~1e-6 of
+    # float noise around 0, which the packed forward rounds differently.
+    assert ext_losses == pytest.approx(trl_losses, rel=1e-5, abs=1e-5)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from trl.trainer.utils import nanmax, nanmin
 
 from ..hub import METHODS
 from ..losses import LOSSES, LossSpec, get_loss, sampling_mismatch
+from ..packing import Packing, group_micro_batches, pack_rows, packed_logps_and_entropies, rows_from_padded
 from .trl_seam import BatchScope, TRLSeam
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,11 @@ ROW_MEAN_LOSS_TYPES = tuple(name for name, spec in LOSSES.items() if spec.normal
 
 
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+PREFIX_SHARING_MODES = ("auto", "off")
+# Attention implementations that take the packed rows' tree mask (flash attention takes no custom mask).
+PACKABLE_ATTENTION = ("sdpa", "eager", "flex_attention")
+# "auto" packs a log-prob pass only when it processes at most this fraction of the padded rows' tokens.
+MAX_PACKED_TOKEN_RATIO = 0.8
 
 
 @contextlib.contextmanager
@@ -79,6 +85,17 @@ class ExtGRPOConfig(GRPOConfig):
         ipo_kl_tau (`float`, *optional*, defaults to `0.0`):
             τ, weight of the `(log p/p_old)²` penalty added to every loss token.
 
+        > Shared-prefix packing (docs/packing.md)
+
+        prefix_sharing (`str`, *optional*, defaults to `"auto"`):
+            `"auto"`: every log-prob pass (policy, old policy, reference, entropies) encodes a prefix shared by
+            several rows once (a GRPO prompt and its G completions, a stepwise node's history and its turns), when
+            the model supports it (attention `sdpa`, `eager` or `flex_attention`, text only, one process or DDP)
+            and it saves at least 20 % of the tokens; the results equal the unpacked rows'. `"off"`: TRL's rows.
+        max_packed_tokens (`int`, *optional*, defaults to `8192`):
+            Token budget of one packed row (a row longer than this gets a packed row of its own). Without
+            gradients, packed rows run in forwards of at most this many tokens.
+
         > vLLM
 
         vllm_dtype (`str`, *optional*, defaults to `"auto"`):
@@ -105,6 +122,17 @@ class ExtGRPOConfig(GRPOConfig):
         default=0.0,
         metadata={"help": "IPO loss: τ, weight of the (log p/p_old)² penalty on every loss token. >= 0."},
     )
+    prefix_sharing: str = field(
+        default="auto",
+        metadata={
+            "help": "Shared-prefix packing of the log-prob passes: 'auto' (on where the model supports it and it "
+            "saves tokens; results equal the unpacked rows') or 'off' (TRL's rows)."
+        },
+    )
+    max_packed_tokens: int = field(
+        default=8192,
+        metadata={"help": "Token budget of one packed row (shared-prefix packing). >= 1."},
+    )
     vllm_dtype: str = field(
         default="auto",
         metadata={
@@ -128,6 +156,13 @@ class ExtGRPOConfig(GRPOConfig):
             )
         if self.ipo_kl_tau < 0:
             raise ValueError(f"ipo_kl_tau={self.ipo_kl_tau} must be >= 0 (0 disables the penalty).")
+        if self.prefix_sharing not in PREFIX_SHARING_MODES:
+            raise ValueError(
+                f"prefix_sharing={self.prefix_sharing!r}: use 'auto' (pack rows that share a prefix where the model "
+                "supports it) or 'off' (TRL's rows)."
+            )
+        if self.max_packed_tokens < 1:
+            raise ValueError(f"max_packed_tokens={self.max_packed_tokens} must be >= 1 (default 8192).")
         if self.vllm_dtype not in VLLM_DTYPES:
             raise ValueError(f"vllm_dtype={self.vllm_dtype!r}: use one of {list(VLLM_DTYPES)}.")
         if self.loss_type == "ipo":
@@ -171,6 +206,8 @@ class ExtGRPOTrainer(TRLSeam):
 
         if any(isinstance(cb, MonitorCallback) for cb in self.callback_handler.callbacks):
             add_monitors(self)
+        self._packing_notes: set[str] = set()  # the reasons packing was skipped, each logged once
+        self._packing_verified: bool | None = None  # the first packed pass is checked against TRL's rows
 
     @property
     def loss_spec(self) -> LossSpec:
@@ -217,6 +254,13 @@ class ExtGRPOTrainer(TRLSeam):
         batch = self.process_scored_batch(batch, scope.inputs)
         if batch["completion_ids"] is not rows:
             self._relog_sampling_metrics(batch)
+        if batch.get("prefix_group") is None:
+            # TRL's rows come in groups of num_generations completions of one prompt; changed rows name their own.
+            num_rows = len(batch["completion_ids"])
+            same_rows = batch["completion_ids"] is rows
+            batch["prefix_group"] = torch.arange(num_rows, device=rows.device) // (
+                self.num_generations if same_rows else 1
+            )
         return self._pad_rows(batch)
 
     def _relog_sampling_metrics(self, batch: dict[str, Any]) -> None:
@@ -297,6 +341,113 @@ class ExtGRPOTrainer(TRLSeam):
         total_padding = self.accelerator.gather(torch.tensor([num_padding], device=padding.device)).sum()
         self._metrics[mode]["batch/padding_rows"].append(float(total_padding.item()))
         return batch
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Shared-prefix packing (docs/packing.md)
+    # ------------------------------------------------------------------------------------------------------------
+    def per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **forward_kwargs,
+    ):
+        packing = self._plan_packing(
+            model, input_ids, attention_mask, logits_to_keep, compute_aux_loss, forward_kwargs
+        )
+        if packing is None:
+            return super().per_token_logps_and_entropies(
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size,
+                compute_entropy,
+                compute_aux_loss,
+                **forward_kwargs,
+            )
+        logps, entropies = self._packed_pass(model, packing, compute_entropy)
+        return logps, entropies, None
+
+    def arrange_micro_batches(self, micro_batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self._packing_mode() == "off":
+            return micro_batches
+        return group_micro_batches(micro_batches)  # rows that share a prefix in the same micro-batch
+
+    def _packing_mode(self) -> str:
+        return getattr(self.args, "prefix_sharing", "off")  # a plain GRPOConfig: TRL's rows
+
+    def _packed_pass(self, model, packing: Packing, compute_entropy: bool):
+        if not torch.is_grad_enabled():
+            # Without gradients, run the bare model: its forward count may differ between ranks, and DDP's
+            # forward would sync buffers. With gradients there is always exactly one forward, as TRL's.
+            model = _without_ddp(model)
+        return packed_logps_and_entropies(
+            model,
+            packing,
+            compute_entropy,
+            _attention_implementation(model),
+            autocast=self.accelerator.autocast,
+            max_forward_tokens=self.args.max_packed_tokens,
+        )
+
+    def _plan_packing(self, model, input_ids, attention_mask, logits_to_keep, compute_aux_loss, forward_kwargs):
+        """The packed layout of this log-prob pass, or None for TRL's rows (why: logged once)."""
+        if self._packing_mode() == "off" or self._packing_verified is False:
+            return None
+        attention = _attention_implementation(model)
+        if any(value is not None for value in forward_kwargs.values()):
+            return self._skip_packing("the batch has multimodal inputs")
+        if compute_aux_loss:
+            return self._skip_packing("the MoE router loss counts every token")
+        if self.is_fsdp_enabled or self.is_deepspeed_enabled:
+            return self._skip_packing("FSDP and DeepSpeed ranks would run different numbers of forwards")
+        if attention not in PACKABLE_ATTENTION:
+            return self._skip_packing(
+                f"attention implementation {attention!r} takes no custom mask (use one of {list(PACKABLE_ATTENTION)})"
+            )
+        rows = rows_from_padded(input_ids, attention_mask, logits_to_keep)
+        if rows is None:
+            return self._skip_packing("the rows are not padded as TRL pads them (left prompts, right completions)")
+        packing = pack_rows(*rows, completion_length=logits_to_keep, max_packed_tokens=self.args.max_packed_tokens)
+        ratio = packing.packed_tokens / input_ids.numel()
+        if ratio > MAX_PACKED_TOKEN_RATIO:
+            return None
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["packing/token_ratio"].append(ratio)
+        if self._packing_verified is None and not self._verify_packing(
+            model, input_ids, attention_mask, logits_to_keep, packing
+        ):
+            return None
+        return packing
+
+    @torch.no_grad()
+    def _verify_packing(self, model, input_ids, attention_mask, logits_to_keep, packing: Packing) -> bool:
+        """Once per run: the packed log-probs of this pass must match TRL's rows, else packing stays off."""
+        bare = _without_ddp(model)
+        rows = super().per_token_logps_and_entropies(bare, input_ids, attention_mask, logits_to_keep)[0]
+        packed = self._packed_pass(bare, packing, compute_entropy=False)[0]
+        mask = attention_mask[:, -logits_to_keep:].bool()
+        difference = (rows - packed).abs()[mask].mean().item() if mask.any() else 0.0
+        dtype = next(p.dtype for p in bare.parameters() if p.is_floating_point())
+        tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+        self._packing_verified = bool(difference <= tolerance)  # NaN fails too
+        if not self._packing_verified:
+            self._skip_packing(
+                f"the packed log-probs differ from the rows' by {difference:.3g} on average (tolerance {tolerance:g}): "
+                "this model does not honour a custom attention mask and position ids"
+            )
+        return self._packing_verified
+
+    def _skip_packing(self, reason: str) -> None:
+        if reason not in self._packing_notes:
+            self._packing_notes.add(reason)
+            logger.warning("Shared-prefix packing is off for these passes: %s. Training uses TRL's rows.", reason)
+        return None
 
     # ------------------------------------------------------------------------------------------------------------
     # Loss
@@ -410,6 +561,15 @@ _FORWARD_KEYS = (
     "mm_token_type_ids",
     "image_position_ids",
 )
+
+
+def _without_ddp(model):
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def _attention_implementation(model) -> str | None:
+    config = getattr(_without_ddp(model), "config", None)
+    return getattr(config, "_attn_implementation", None)
 
 
 def _check_batch(batch: dict[str, Any]) -> int:

@@ -266,6 +266,7 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
             "advantages": broadcast_advantages(batch["advantages"], row_root),
             "rewards": broadcast_advantages(batch["rewards"], row_root),
             "rlm_root": row_root,
+            "prefix_group": row_root,  # the turns of one tree share their histories (shared-prefix packing)
             "rlm_node": torch.tensor([r["node"] for r in rows], device=device),
             "rlm_depth": torch.tensor([r["depth"] for r in rows], device=device),
         }

@@ -1,6 +1,6 @@
 """The seam between trl-ext and TRL: every override of a private method of `trl.GRPOTrainer` lives here.
 
-TRL 1.16 has no public hooks for what trl-ext needs, so `TRLSeam` overrides five of its private methods, once each,
+TRL 1.16 has no public hooks for what trl-ext needs, so `TRLSeam` overrides seven of its private methods, once each,
 and turns each into a trl-ext hook with a documented contract. trl-ext's trainers override the hooks, never TRL's
 private methods; the per-batch state the hooks share lives in one `BatchScope` object, not in trainer fields.
 
@@ -11,6 +11,8 @@ private methods; the per-batch state the hooks share lives in one `BatchScope` o
 | ``_generate_single_turn`` | post-processes the sampled ids of every generation call (RLMT cuts at stop strings) | `postprocess_samples` |
 | ``_calculate_rewards`` | lets a trainer change the rewards per function (RLM roots without an answer get 0; the judge reuses its verifier call) and keeps them in the scope | `compute_rewards` |
 | ``_compute_loss`` | routes the loss through the registry of `trl_ext.losses` (``loss_type="ipo"`` and per-token weights) | `compute_policy_loss` |
+| ``_get_per_token_logps_and_entropies`` | every log-prob pass (policy, old policy, reference, entropies) goes through one hook, where shared-prefix packing computes the same ``(B, T)`` tensors | `per_token_logps_and_entropies` |
+| ``_prepare_inputs`` | after TRL shuffles and splits a new generation batch into micro-batches, lets a trainer re-split it (packing keeps rows that share a prefix in one micro-batch) | `arrange_micro_batches` |
 
 `check_trl` runs at import: it checks that the installed TRL has the signatures (and `_generate`'s 8-tuple) this
 module relies on, and fails with the fix (install ``trl>=1.16,<1.17``) otherwise.
@@ -43,6 +45,27 @@ SEAM: dict[str, tuple[str, ...]] = {
     ),
     "_calculate_rewards": ("self", "inputs", "prompts", "completions", "completion_ids_list"),
     "_compute_loss": ("self", "model", "inputs"),
+    "_get_per_token_logps_and_entropies": (
+        "self",
+        "model",
+        "input_ids",
+        "attention_mask",
+        "logits_to_keep",
+        "batch_size",
+        "compute_entropy",
+        "compute_aux_loss",
+        "pixel_values",
+        "image_grid_thw",
+        "num_images",
+        "pixel_attention_mask",
+        "spatial_shapes",
+        "num_tiles",
+        "image_sizes",
+        "token_type_ids",
+        "mm_token_type_ids",
+        "image_position_ids",
+    ),
+    "_prepare_inputs": ("self", "generation_batch"),
 }
 
 
@@ -128,6 +151,7 @@ class TRLSeam(GRPOTrainer):
 
     batch_scope_class: type[BatchScope] = BatchScope
     _batch_scope: BatchScope | None = None
+    _generated_new_batch: bool = False
 
     @property
     def batch_scope(self) -> BatchScope:
@@ -162,8 +186,45 @@ class TRLSeam(GRPOTrainer):
         """The loss of one micro-batch; the default is TRL's for ``args.loss_type``."""
         return GRPOTrainer._compute_loss(self, model, inputs)
 
+    def per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **forward_kwargs,
+    ):
+        """``(logps, entropies, aux_loss)`` of the completion tokens: ``(B, T)``, ``(B, T)`` or None, scalar or None.
+
+        Every log-prob pass of the trainer goes through here (current policy, old policy, reference, entropies);
+        ``input_ids``/``attention_mask`` are ``(B, P + T)`` (left-padded prompts, right-padded completions) and
+        ``logits_to_keep`` is T. The default is TRL's forward.
+        """
+        return GRPOTrainer._get_per_token_logps_and_entropies(
+            self,
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size,
+            compute_entropy,
+            compute_aux_loss,
+            **forward_kwargs,
+        )
+
+    def arrange_micro_batches(self, micro_batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Re-split a new generation batch that TRL shuffled and split into ``steps_per_generation`` micro-batches.
+
+        Must return as many micro-batches, of the same size, holding the same rows. The default keeps TRL's split.
+        """
+        return micro_batches
+
     # ---------------------------------------------------------------------------------------------- overrides
     def _generate_and_score_completions(self, inputs):
+        self._generated_new_batch = True
         scope = self._batch_scope = self.batch_scope_class(inputs=inputs)
         try:
             self.on_batch_start(scope)
@@ -193,3 +254,37 @@ class TRLSeam(GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         return self.compute_policy_loss(model, inputs)
+
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **forward_kwargs,
+    ):
+        return self.per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size,
+            compute_entropy,
+            compute_aux_loss,
+            **forward_kwargs,
+        )
+
+    def _prepare_inputs(self, generation_batch):
+        self._generated_new_batch = False
+        inputs = super()._prepare_inputs(generation_batch)
+        if self._generated_new_batch and self.model.training:  # TRL just buffered a new batch's micro-batches
+            steps = self.args.steps_per_generation
+            arranged = self.arrange_micro_batches(self._buffered_inputs)
+            if len(arranged) != steps:
+                raise RuntimeError(f"arrange_micro_batches returned {len(arranged)} micro-batches, not {steps}.")
+            self._buffered_inputs = arranged
+            inputs = arranged[self._step % steps]
+        return inputs

@@ -1,0 +1,143 @@
+"""The packed layout of trl_ext.packing against hand-built and brute-force references (no model)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from trl_ext.packing import PackedBatch, group_micro_batches, pack_rows, rows_from_padded, tree_mask
+
+
+def visible(row) -> torch.Tensor:
+    """(L, L) bool: the tree mask of one packed row."""
+    batch = PackedBatch.collate([row], "cpu")
+    return batch.dense_mask(torch.float32)[0, 0] == 0
+
+
+def test_two_completions_of_one_prompt_by_hand():
+    # prompt [5, 6, 7]; completions [8, 9] and [8, 10]: they share "8" too, but the shared "8" would then have to
+    # predict both 9 and 10, so the second row repeats it in its own branch (same position, same context).
+    packing = pack_rows([[5, 6, 7, 8, 9], [5, 6, 7, 8, 10]], [3, 3], completion_length=3, max_packed_tokens=100)
+    (row,) = packing.packed
+    assert row.input_ids.tolist() == [5, 6, 7, 8, 9, 8, 10]
+    assert row.position_ids.tolist() == [0, 1, 2, 3, 4, 3, 4]
+    assert row.labels.tolist() == [-100, -100, 8, 9, -100, 10, -100]
+    assert [s.tolist() for s in row.scored] == [[2, 3], [2, 5]]
+    expected = torch.zeros(7, 7, dtype=torch.bool)
+    for q in range(5):  # the first row: plain causal
+        expected[q, : q + 1] = True
+    expected[5, [0, 1, 2, 5]] = True  # the branch sees the prompt up to its branch point, then itself
+    expected[6, [0, 1, 2, 5, 6]] = True
+    assert torch.equal(visible(row), expected)
+    assert packing.real_tokens == 10 and packing.packed_tokens == 7
+
+
+def test_a_row_contained_in_another_adds_no_token():
+    # a padding row (a copy with its completion masked): prompt only
+    packing = pack_rows([[1, 2, 3, 4], [1, 2, 3]], [2, 3], completion_length=2, max_packed_tokens=100)
+    assert packing.packed_tokens == 4 and len(packing.packed) == 1
+    assert [s.tolist() for s in packing.packed[0].scored] == [[1, 2], []]
+
+
+def test_rows_are_never_dropped_and_the_budget_splits_packed_rows():
+    rows = [[1, 2, 3, 4], [1, 2, 3, 5], [9, 8, 7, 6, 5, 4, 3], [1, 2, 3, 6]]
+    packing = pack_rows(rows, [3, 3, 2, 3], completion_length=5, max_packed_tokens=6)
+    placed = sorted(row for packed in packing.packed for row in packed.rows)
+    assert placed == [0, 1, 2, 3]
+    # [1 2 3 4] + branch [3 5] = 6 tokens; the 7-token row exceeds the budget alone; the last row starts anew
+    assert [len(p) for p in packing.packed] == [6, 7, 4]
+
+
+def test_unpack_puts_each_value_at_its_row_and_zero_beyond():
+    packing = pack_rows([[5, 6, 7, 8, 9], [5, 6, 7, 8]], [3, 3], completion_length=3, max_packed_tokens=100)
+    values = [torch.arange(len(p), dtype=torch.float32) * 10 for p in packing.packed]
+    out = packing.unpack(values)
+    scored = packing.packed[0].scored
+    assert out.tolist() == [[10.0 * scored[0][0], 10.0 * scored[0][1], 0.0], [10.0 * scored[1][0], 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_trees_every_scored_position_sees_exactly_its_row(seed):
+    """Brute force: each row's scored positions see exactly the packed positions of the row's earlier tokens, hold
+    those tokens at their depth, and predict the row's next token."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, 50) for _ in range(rng.randrange(1, 8))] for _ in range(3)]
+    sequences, prompt_lengths = [], []
+    for _ in range(12):
+        prompt = list(rng.choice(prompts))
+        if rng.random() < 0.3:
+            prompt += [rng.randrange(3, 50) for _ in range(rng.randrange(1, 4))]
+        completion = [rng.randrange(3, 6) for _ in range(rng.randrange(0, 6))]  # few ids: shared beginnings
+        sequences.append(prompt + completion)
+        prompt_lengths.append(len(prompt))
+    packing = pack_rows(sequences, prompt_lengths, completion_length=6, max_packed_tokens=rng.choice([8, 25, 1000]))
+    assert sorted(r for p in packing.packed for r in p.rows) == list(range(12))
+    for packed in packing.packed:
+        mask = visible(packed)
+        for row, scored in zip(packed.rows, packed.scored):
+            sequence, prompt_length = sequences[row], prompt_lengths[row]
+            assert len(scored) == len(sequence) - prompt_length
+            for offset, position in enumerate(scored.tolist()):
+                depth = prompt_length - 1 + offset
+                seen = torch.nonzero(mask[position]).flatten()
+                assert packed.input_ids[seen].tolist() == sequence[: depth + 1]
+                assert packed.position_ids[seen].tolist() == list(range(depth + 1))
+                assert packed.labels[position].item() == sequence[depth + 1]
+
+
+def test_rows_from_padded_reads_trl_padding_and_refuses_anything_else():
+    input_ids = torch.tensor([[0, 4, 5, 6, 7, 0], [3, 4, 5, 6, 0, 0]])
+    mask = torch.tensor([[0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]])
+    sequences, prompt_lengths = rows_from_padded(input_ids, mask, logits_to_keep=3)
+    assert sequences == [[4, 5, 6, 7], [3, 4, 5, 6]] and prompt_lengths == [2, 3]
+    holes = torch.tensor([[1, 0, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]])
+    assert rows_from_padded(input_ids, holes, logits_to_keep=3) is None
+    no_prompt = torch.tensor([[0, 0, 0, 1, 1, 0], [1, 1, 1, 1, 0, 0]])
+    assert rows_from_padded(input_ids, no_prompt, logits_to_keep=3) is None
+
+
+def test_flex_mask_mod_is_the_dense_mask():
+    from torch.nn.attention.flex_attention import create_mask
+
+    packing = pack_rows(
+        [[1, 2, 3, 4, 5], [1, 2, 3, 6], [1, 2, 7], [8, 9]], [2, 2, 2, 1], completion_length=3, max_packed_tokens=9
+    )
+    batch = PackedBatch.collate(packing.packed, "cpu")
+
+    def mask_mod(b, h, q, kv):
+        return tree_mask(b, q, kv, batch.segment_ids, batch.visible_end)
+
+    rows, length = batch.input_ids.shape
+    flex = create_mask(mask_mod, rows, 1, length, length, device="cpu")
+    assert torch.equal(flex, batch.dense_mask(torch.float32) == 0)
+    # padding sees only padding (no fully masked query row: no NaN)
+    assert bool((batch.dense_mask(torch.float32) == 0).any(-1).all())
+
+
+def test_group_micro_batches_keeps_groups_together_and_every_row():
+    torch.manual_seed(0)
+    groups = torch.tensor([0, 1, 2, 3] * 4)[torch.randperm(16)]
+    micro = [
+        {
+            "prefix_group": groups[i * 4 : (i + 1) * 4],
+            "row": torch.arange(16)[i * 4 : (i + 1) * 4],
+            "n": torch.tensor(9),
+        }
+        for i in range(4)
+    ]
+    arranged = group_micro_batches(micro)
+    assert len(arranged) == 4 and all(len(batch["row"]) == 4 for batch in arranged)
+    assert sorted(torch.cat([b["row"] for b in arranged]).tolist()) == list(range(16))
+    assert all(len(set(batch["prefix_group"].tolist())) == 1 for batch in arranged)
+    assert all(batch["n"].item() == 9 for batch in arranged)
+    assert np.array_equal(group_micro_batches(micro[:1])[0]["row"], micro[0]["row"])
+
+
+def test_pack_rows_rejects_rows_it_cannot_score():
+    with pytest.raises(ValueError, match="at least one prompt token"):
+        pack_rows([[1, 2]], [0], completion_length=2, max_packed_tokens=10)
+    with pytest.raises(ValueError, match="max_packed_tokens"):
+        pack_rows([[1, 2]], [1], completion_length=2, max_packed_tokens=0)
