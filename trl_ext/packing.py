@@ -327,15 +327,27 @@ class PackedBatch:
         return cls(*(t.to(device) for t in (input_ids, position_ids, labels, segment_ids, visible_end)))
 
     def dense_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        """``(R, 1, L, L)`` additive mask (0 where visible, the dtype's minimum elsewhere): SDPA and eager attention."""
+        """``(R, 1, L, L)`` additive mask (0 where visible, the dtype's minimum elsewhere): SDPA and eager attention.
+
+        The same mask as `tree_mask`, filled block by block (a segment's rows see a causal triangle of itself and a
+        leading part of each ancestor segment) instead of gathering ``visible_end`` for each of the L² pairs.
+        """
         rows, length = self.input_ids.shape
         device = self.input_ids.device
-        batch = torch.arange(rows, device=device)[:, None, None]
-        index = torch.arange(length, device=device)
-        visible = tree_mask(batch, index[None, :, None], index[None, None, :], self.segment_ids, self.visible_end)
-        mask = torch.zeros(visible.shape, dtype=dtype, device=device)
-        mask.masked_fill_(~visible, torch.finfo(dtype).min)
-        return mask[:, None]
+        mask = torch.full((rows, 1, length, length), torch.finfo(dtype).min, dtype=dtype, device=device)
+        causal = torch.ones((length, length), dtype=torch.bool, device=device).tril()
+        for index in range(rows):
+            segments, counts = torch.unique_consecutive(self.segment_ids[index], return_counts=True)
+            starts = [0, *torch.cumsum(counts, 0).tolist()]
+            start_of = dict(zip(segments.tolist(), starts))
+            visible_end = self.visible_end[index].tolist()
+            for segment, start, end in zip(segments.tolist(), starts, starts[1:]):
+                block = mask[index, 0, start:end]
+                block[:, start:end].masked_fill_(causal[: end - start, : end - start], 0)
+                for ancestor, limit in enumerate(visible_end[segment]):
+                    if ancestor != segment and limit >= 0:
+                        block[:, start_of[ancestor] : limit] = 0
+        return mask
 
     def block_mask(self):
         """FlexAttention ``BlockMask`` of the same mask: block-sparse, what scales to long packed rows on GPU."""

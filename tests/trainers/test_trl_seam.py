@@ -88,8 +88,17 @@ class RecordingTrainer(ExtGRPOTrainer):
         super().on_batch_end(scope)
 
     def compute_policy_loss(self, model, inputs):
-        self.calls.append(("compute_policy_loss", inputs["completion_ids"].shape))
+        self.calls.append(("compute_policy_loss", inputs.get("arranged")))
         return super().compute_policy_loss(model, inputs)
+
+    def arrange_micro_batches(self, micro_batches):
+        self.calls.append(("arrange_micro_batches", len(micro_batches)))
+        # Mark them: TRL must train on what the hook returns.
+        return [{**batch, "arranged": True} for batch in super().arrange_micro_batches(micro_batches)]
+
+    def per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        self.calls.append(("per_token_logps_and_entropies", logits_to_keep))
+        return super().per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
 
 
 def test_each_override_reaches_its_hook_in_a_real_training_step(tmp_path):
@@ -108,7 +117,13 @@ def test_each_override_reaches_its_hook_in_a_real_training_step(tmp_path):
         "compute_rewards",
         "after_scoring",
     ]
-    assert names[first + 5] == "on_batch_end" and "compute_policy_loss" in names[first + 6 :]
+    assert names[first + 5 : first + 9] == [
+        "on_batch_end",
+        "arrange_micro_batches",
+        "compute_policy_loss",
+        "per_token_logps_and_entropies",  # TRL's loss forward, through the hook
+    ]
+    assert dict(trainer.calls)["compute_policy_loss"] is True  # the micro-batch the hook returned
     generated = dict(trainer.calls)["on_generated"]
     assert isinstance(generated, GeneratedBatch) and len(generated.completion_ids) == len(generated.completions)
     assert all(isinstance(ids, list) for ids in generated.completion_ids)
