@@ -30,7 +30,7 @@ def main(out_dir: str) -> None:
     assert isinstance(model, torch.nn.parallel.DistributedDataParallel)
 
     results = {}
-    for mode in ("off", "auto"):
+    for mode in ("off", "on"):
         trainer.args.prefix_sharing = mode
         before = len(trainer._metrics["train"]["packing/token_ratio"])
         model.zero_grad()
@@ -38,7 +38,7 @@ def main(out_dir: str) -> None:
         trainer.accelerator.backward(loss)
         grads = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
         results[mode] = loss.item(), grads, len(trainer._metrics["train"]["packing/token_ratio"]) > before
-    (loss_rows, grads_rows, packed_rows), (loss_packed, grads_packed, packed) = results["off"], results["auto"]
+    (loss_rows, grads_rows, packed_rows), (loss_packed, grads_packed, packed) = results["off"], results["on"]
     problems = []
     if not packed or packed_rows:
         problems.append(f"packed={packed} packed_rows={packed_rows}")

@@ -1,7 +1,8 @@
 """Shared-prefix packing is exact: packed passes give the unpacked rows' log-probs, entropies, losses and gradients.
 
 Each test scores one real generation batch, moves the policy off it (so ratios, clipping and masks matter), then
-computes everything twice on the same batch: ``prefix_sharing="off"`` (TRL's rows) and ``"auto"`` (packed).
+computes everything twice on the same batch: ``prefix_sharing="off"`` (TRL's rows) and ``"on"`` (packed; ``"auto"``
+would leave these small batches unpacked, see the last tests).
 Tolerances: per-token log-probs and entropies 1e-5 (float32); loss 1e-6 relative and every gradient 1e-4 relative
 with float64 weights. (TRL's fused LM head returns float32 log-probs whatever the model's dtype, so float64 weights
 still leave ~3e-7 of float32 rounding in the loss; with float32 weights the two paths round differently by up to
@@ -50,6 +51,7 @@ def grpo_trainer(
         beta=0.04,  # and reference log-probs (a reference model; with LoRA: the adapter disabled)
         max_completion_length=12,
         temperature=1.0,
+        prefix_sharing="on",  # these batches are small: "auto" would keep TRL's rows
     )
     settings.update(overrides)
     if dtype != torch.float32:
@@ -94,8 +96,8 @@ def assert_same_loss_and_grads(trainer, batch) -> None:
     # meaningful (with mixed signs a loss of ~1e-3 from terms of ~1 carries ~1e-5 relative float32 noise).
     batch = {**batch, "advantages": batch["advantages"].abs() + 0.1}
     loss_rows, grads_rows, packed_rows = loss_and_grads(trainer, batch, "off")
-    loss_packed, grads_packed, packed = loss_and_grads(trainer, batch, "auto")
-    assert packed and not packed_rows, "the 'auto' pass must actually pack, the 'off' pass must not"
+    loss_packed, grads_packed, packed = loss_and_grads(trainer, batch, "on")
+    assert packed and not packed_rows, "the 'on' pass must actually pack, the 'off' pass must not"
     assert abs(loss_rows.item()) > 1e-4, "a near-zero loss would make the comparison vacuous"
     assert loss_packed.item() == pytest.approx(loss_rows.item(), rel=1e-6, abs=1e-8)
     assert grads_rows.keys() == grads_packed.keys() and grads_rows
@@ -109,7 +111,7 @@ def assert_same_logps_and_entropies(trainer, batch) -> None:
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
     width = batch["completion_ids"].shape[1]
     results = {}
-    for mode in ("off", "auto"):
+    for mode in ("off", "on"):
         trainer.args.prefix_sharing = mode
         with torch.no_grad():
             logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
@@ -118,7 +120,7 @@ def assert_same_logps_and_entropies(trainer, batch) -> None:
         results[mode] = logps, entropies
     mask = batch["completion_mask"].bool()
     assert mask.sum() > 20
-    for rows, packed in zip(results["off"], results["auto"]):
+    for rows, packed in zip(results["off"], results["on"]):
         assert (rows - packed)[mask].abs().max().item() < 1e-5
 
 
@@ -207,7 +209,7 @@ def test_an_attention_without_custom_masks_keeps_trl_rows(tmp_path, caplog):
     batch = grpo_batch(trainer)
     trainer.model.config._attn_implementation = "causal_only"
     with caplog.at_level("WARNING"):
-        _, _, packed = loss_and_grads(trainer, batch, "auto")
+        _, _, packed = loss_and_grads(trainer, batch, "on")
     assert not packed and "takes no custom mask" in caplog.text
 
 
@@ -219,10 +221,32 @@ def test_a_model_that_ignores_the_mask_is_caught_once_and_keeps_trl_rows(tmp_pat
     # "sdpa" that silently drops the tree mask: the one-time check against TRL's rows must catch it
     monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "sdpa", _causal_only_attention)
     with caplog.at_level("WARNING"):
-        loss_and_grads(trainer, batch, "auto")
-        _, _, packed = loss_and_grads(trainer, batch, "auto")
+        loss_and_grads(trainer, batch, "on")
+        _, _, packed = loss_and_grads(trainer, batch, "on")
     assert not packed and trainer._packing_verified is False
     assert caplog.text.count("packed log-probs differ") == 1
+
+
+def packs(trainer, batch, mode: str) -> bool:
+    """Whether a log-prob pass over ``batch`` under ``mode`` packs."""
+    trainer.args.prefix_sharing = mode
+    before = len(trainer._metrics["train"]["packing/token_ratio"])
+    with torch.no_grad():
+        trainer._get_per_token_logps_and_entropies(
+            trainer.model,
+            torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
+            torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
+            batch["completion_ids"].shape[1],
+        )
+    return len(trainer._metrics["train"]["packing/token_ratio"]) > before
+
+
+def test_auto_packs_the_passes_that_save_enough_tokens(dapo_run, stepwise_run):
+    trainer, small = dapo_run  # 8 rows of ~40 tokens: saves fewer than 1,024 tokens
+    assert not packs(trainer, small, "auto") and packs(trainer, small, "on")
+    trainer, large = stepwise_run  # 56 turn rows re-encoding their histories
+    assert packs(trainer, large, "auto")
+    trainer.args.prefix_sharing = "on"
 
 
 def test_micro_batches_keep_each_prompts_completions_together(tmp_path):

@@ -40,11 +40,13 @@ ROW_MEAN_LOSS_TYPES = tuple(name for name, spec in LOSSES.items() if spec.normal
 
 
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
-PREFIX_SHARING_MODES = ("auto", "off")
+PREFIX_SHARING_MODES = ("auto", "on", "off")
 # Attention implementations that take the packed rows' tree mask (flash attention takes no custom mask).
 PACKABLE_ATTENTION = ("sdpa", "eager", "flex_attention")
-# "auto" packs a log-prob pass only when it processes at most this fraction of the padded rows' tokens.
+# "auto" packs a log-prob pass only when it processes at most this fraction of the padded rows' tokens and saves at
+# least this many tokens (below that, laying out and masking cost more than the forward saves).
 MAX_PACKED_TOKEN_RATIO = 0.8
+MIN_SAVED_TOKENS = 1024
 
 
 @contextlib.contextmanager
@@ -91,7 +93,8 @@ class ExtGRPOConfig(GRPOConfig):
             `"auto"`: every log-prob pass (policy, old policy, reference, entropies) encodes a prefix shared by
             several rows once (a GRPO prompt and its G completions, a stepwise node's history and its turns), when
             the model supports it (attention `sdpa`, `eager` or `flex_attention`, text only, one process or DDP)
-            and it saves at least 20 % of the tokens; the results equal the unpacked rows'. `"off"`: TRL's rows.
+            and it saves at least 20 % and 1,024 of the tokens; the results equal the unpacked rows'. `"on"`: pack
+            every pass the model supports, whatever it saves. `"off"`: TRL's rows.
         max_packed_tokens (`int`, *optional*, defaults to `8192`):
             Token budget of one packed row (a row longer than this gets a packed row of its own). Without
             gradients, packed rows run in forwards of at most this many tokens.
@@ -125,8 +128,9 @@ class ExtGRPOConfig(GRPOConfig):
     prefix_sharing: str = field(
         default="auto",
         metadata={
-            "help": "Shared-prefix packing of the log-prob passes: 'auto' (on where the model supports it and it "
-            "saves tokens; results equal the unpacked rows') or 'off' (TRL's rows)."
+            "help": "Shared-prefix packing of the log-prob passes: 'auto' (where the model supports it and it saves "
+            "at least 20% and 1,024 tokens; results equal the unpacked rows'), 'on' (every pass the model supports) "
+            "or 'off' (TRL's rows)."
         },
     )
     max_packed_tokens: int = field(
@@ -159,7 +163,7 @@ class ExtGRPOConfig(GRPOConfig):
         if self.prefix_sharing not in PREFIX_SHARING_MODES:
             raise ValueError(
                 f"prefix_sharing={self.prefix_sharing!r}: use 'auto' (pack rows that share a prefix where the model "
-                "supports it) or 'off' (TRL's rows)."
+                "supports it and it saves tokens), 'on' (pack wherever supported) or 'off' (TRL's rows)."
             )
         if self.max_packed_tokens < 1:
             raise ValueError(f"max_packed_tokens={self.max_packed_tokens} must be >= 1 (default 8192).")
@@ -416,7 +420,8 @@ class ExtGRPOTrainer(TRLSeam):
             return self._skip_packing("the rows are not padded as TRL pads them (left prompts, right completions)")
         packing = pack_rows(*rows, completion_length=logits_to_keep, max_packed_tokens=self.args.max_packed_tokens)
         ratio = packing.packed_tokens / input_ids.numel()
-        if ratio > MAX_PACKED_TOKEN_RATIO:
+        saved = input_ids.numel() - packing.packed_tokens
+        if self._packing_mode() == "auto" and (ratio > MAX_PACKED_TOKEN_RATIO or saved < MIN_SAVED_TOKENS):
             return None
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["packing/token_ratio"].append(ratio)
