@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from datasets import Dataset
@@ -45,3 +49,17 @@ def process_alive(pid: int) -> bool:
             return "\nState:\tZ" not in handle.read()
     except FileNotFoundError:
         return False
+
+
+def run_processes(script: str, out_dir: Path, nproc: int = 2, timeout: int = 300) -> None:
+    """Run ``tests/scripts/<script> OUT_DIR`` under ``torchrun --nproc_per_node nproc``; fail with its output."""
+    path = Path(__file__).parent / "scripts" / script
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), str(path), str(out_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

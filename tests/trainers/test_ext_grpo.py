@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from peft import LoraConfig
@@ -16,7 +11,7 @@ from trl_ext import ExtGRPOConfig, ExtGRPOTrainer
 from trl_ext.testing import build_tiny_model_and_tokenizer
 from trl_ext.trainers.ext_grpo import TRL_LOSS_TYPES, _pad_batch
 
-from ..utils import cpu_config_kwargs, digit_reward, toy_dataset
+from ..utils import cpu_config_kwargs, digit_reward, run_processes, toy_dataset
 
 
 def distinct_chars_reward(completions, **kwargs):
@@ -254,16 +249,7 @@ def test_hook_validation_errors(captured):
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_two_process_run_with_unequal_row_counts(tmp_path):
-    script = Path(__file__).parents[1] / "scripts" / "ddp_unequal_rows.py"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script), str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_processes("ddp_unequal_rows.py", tmp_path, timeout=240)
     reports = sorted((tmp_path / f"rank{rank}.txt").read_text().split() for rank in range(2))
     # rank 0 keeps its 4 rows, rank 1 grows to 7: both end with 7 real + padding rows, none lost
     assert reports[0] == ["rank=0", "real_rows=4", "rows=7", "steps=2"]

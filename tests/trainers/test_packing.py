@@ -11,9 +11,6 @@ still leave ~3e-7 of float32 rounding in the loss; with float32 weights the two 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +22,7 @@ from trl_ext import ExtGRPOConfig, ExtGRPOTrainer
 from trl_ext.losses import LOSSES
 from trl_ext.testing import build_tiny_model_and_tokenizer
 
-from ..utils import cpu_config_kwargs, digit_reward
+from ..utils import cpu_config_kwargs, digit_reward, run_processes
 from .test_stepwise_rlm import generation_inputs, make_trainer
 
 # A long shared prompt: the packed pass encodes it once per group instead of once per completion.
@@ -265,16 +262,7 @@ def test_micro_batches_keep_each_prompts_completions_together(tmp_path):
 
 @pytest.mark.slow
 def test_two_processes_packed_equals_rows(tmp_path):
-    script = Path(__file__).parents[1] / "scripts" / "packing_ddp.py"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script), str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_processes("packing_ddp.py", tmp_path)
     for rank in range(2):
         report = (tmp_path / f"rank{rank}.txt").read_text()
         assert report.startswith("ok"), report

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +12,7 @@ from trl_ext.rlm import ScriptedGenerator
 from trl_ext.testing import build_tiny_model_and_tokenizer
 from trl_ext.trainers.stepwise_rlm import StepwiseRLMConfig, StepwiseRLMTrainer
 
-from ..utils import cpu_config_kwargs
+from ..utils import cpu_config_kwargs, run_processes
 
 _TASK_AND_TURN = re.compile(r"Task: (.*?)\n\nTurn (\d+) of", re.DOTALL)
 
@@ -346,19 +342,10 @@ def test_config_validation(tmp_path):
 
 @pytest.mark.slow
 def test_two_processes_with_unequal_rows_match_one_process(tmp_path):
-    script = Path(__file__).parents[1] / "scripts" / "stepwise_ddp.py"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
     losses = {}
     for nproc in (1, 2):
         out = tmp_path / f"nproc{nproc}"
-        result = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), str(script), str(out)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        run_processes("stepwise_ddp.py", out, nproc=nproc)
         losses[nproc] = [float(x) for x in (out / "losses.txt").read_text().split()]
     rows = (tmp_path / "nproc2" / "rows.txt").read_text().split()
     assert len(set(rows)) == 2, f"the ranks should hold different row counts, got {rows}"

@@ -29,7 +29,7 @@ from trl.trainer.utils import nanmax, nanmin
 from ..hub import METHODS
 from ..losses import LOSSES, LossSpec, get_loss, sampling_mismatch
 from ..packing import Packing, group_micro_batches, pack_rows, packed_logps_and_entropies, rows_from_padded
-from .trl_seam import BatchScope, TRLSeam
+from .trl_seam import SEAM, BatchScope, TRLSeam
 
 logger = logging.getLogger(__name__)
 
@@ -554,19 +554,9 @@ class ExtGRPOTrainer(TRLSeam):
         return (totals[0] / totals[1].clamp(min=1.0)).item()
 
 
-# Multimodal / model-specific inputs TRL forwards to the model, when present.
-_FORWARD_KEYS = (
-    "pixel_values",
-    "image_grid_thw",
-    "num_images",
-    "pixel_attention_mask",
-    "spatial_shapes",
-    "num_tiles",
-    "image_sizes",
-    "token_type_ids",
-    "mm_token_type_ids",
-    "image_position_ids",
-)
+# Multimodal / model-specific inputs TRL forwards to the model, when present: the parameters of TRL's log-prob
+# method after ``compute_aux_loss``.
+_FORWARD_KEYS = SEAM["_get_per_token_logps_and_entropies"][8:]
 
 
 def _without_ddp(model):

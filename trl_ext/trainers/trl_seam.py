@@ -255,27 +255,8 @@ class TRLSeam(GRPOTrainer):
     def _compute_loss(self, model, inputs):
         return self.compute_policy_loss(model, inputs)
 
-    def _get_per_token_logps_and_entropies(
-        self,
-        model,
-        input_ids,
-        attention_mask,
-        logits_to_keep,
-        batch_size=None,
-        compute_entropy=False,
-        compute_aux_loss=False,
-        **forward_kwargs,
-    ):
-        return self.per_token_logps_and_entropies(
-            model,
-            input_ids,
-            attention_mask,
-            logits_to_keep,
-            batch_size,
-            compute_entropy,
-            compute_aux_loss,
-            **forward_kwargs,
-        )
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        return self.per_token_logps_and_entropies(*args, **kwargs)
 
     def _prepare_inputs(self, generation_batch):
         self._generated_new_batch = False
