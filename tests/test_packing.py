@@ -141,3 +141,54 @@ def test_pack_rows_rejects_rows_it_cannot_score():
         pack_rows([[1, 2]], [0], completion_length=2, max_packed_tokens=10)
     with pytest.raises(ValueError, match="max_packed_tokens"):
         pack_rows([[1, 2]], [1], completion_length=2, max_packed_tokens=0)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_forward_equals_rows_for_the_model_families_trl_users_train(family, attention):
+    """Through transformers' attention interface: the tree mask and position ids reach every layer."""
+    import transformers
+    from trl.trainer.utils import add_fused_lm_head
+
+    from trl_ext.packing import packed_logps_and_entropies
+
+    config_cls, model_cls = {
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+    }[family]
+    config = config_cls(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        initializer_range=0.2,
+        attn_implementation=attention,
+    )
+    torch.manual_seed(0)
+    model = model_cls(config).eval()
+    add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
+    # 2 prompts x 3 completions, TRL's padding: prompts left, completions right
+    width, completion = 9, 5
+    rows, masks = [], []
+    for prompt_length in (6, 9):
+        prompt = torch.randint(3, 64, (prompt_length,))
+        for length in (5, 3, 4):
+            ids = torch.cat([torch.zeros(width - prompt_length, dtype=torch.long), prompt, torch.randint(3, 64, (5,))])
+            mask = torch.cat([torch.zeros(width - prompt_length), torch.ones(prompt_length + length)])
+            rows.append(ids)
+            masks.append(torch.cat([mask, torch.zeros(width + completion - len(mask))]).long())
+    input_ids, attention_mask = torch.stack(rows), torch.stack(masks)
+    labels = input_ids.masked_fill(attention_mask == 0, -100)
+    labels[:, :width] = -100
+    with torch.no_grad():
+        out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
+        packing = pack_rows(*rows_from_padded(input_ids, attention_mask, completion), completion, 1000)
+        logps, entropies = packed_logps_and_entropies(model, packing, True, attention)
+    scored = attention_mask[:, width:].bool()
+    assert packing.packed_tokens < packing.real_tokens
+    assert (logps - out.log_probs[:, -completion:])[scored].abs().max() < 1e-5
+    assert (entropies - out.entropy[:, -completion:])[scored].abs().max() < 1e-5

@@ -260,6 +260,12 @@ def test_micro_batches_keep_each_prompts_completions_together(tmp_path):
     assert len(seen) == 2 and all(len(set(groups)) == 1 for groups in seen)
 
 
+def test_micro_batches_with_images_keep_trl_split(dapo_run):
+    trainer, _ = dapo_run
+    micro = [{"prefix_group": torch.tensor([i, 1 - i]), "pixel_values": torch.zeros(3, 4)} for i in range(2)]
+    assert trainer.arrange_micro_batches(micro) is micro
+
+
 @pytest.mark.slow
 def test_two_processes_packed_equals_rows(tmp_path):
     run_processes("packing_ddp.py", tmp_path)

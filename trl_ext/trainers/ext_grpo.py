@@ -93,7 +93,7 @@ class ExtGRPOConfig(GRPOConfig):
             `"auto"`: every log-prob pass (policy, old policy, reference, entropies) encodes a prefix shared by
             several rows once (a GRPO prompt and its G completions, a stepwise node's history and its turns), when
             the model supports it (attention `sdpa`, `eager` or `flex_attention`, text only, one process or DDP)
-            and it saves at least 20 % and 1,024 of the tokens; the results equal the unpacked rows'. `"on"`: pack
+            and it saves at least 20 % of the tokens and 1,024 tokens; results equal the unpacked rows'. `"on"`: pack
             every pass the model supports, whatever it saves. `"off"`: TRL's rows.
         max_packed_tokens (`int`, *optional*, defaults to `8192`):
             Token budget of one packed row (a row longer than this gets a packed row of its own). Without
@@ -383,8 +383,8 @@ class ExtGRPOTrainer(TRLSeam):
         return logps, entropies, None
 
     def arrange_micro_batches(self, micro_batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if self._packing_mode() == "off":
-            return micro_batches
+        if self._packing_mode() == "off" or any(micro_batches[0].get(key) is not None for key in _FORWARD_KEYS):
+            return micro_batches  # image tensors are not indexed by row: keep TRL's split (and rows: no packing)
         return group_micro_batches(micro_batches)  # rows that share a prefix in the same micro-batch
 
     def _packing_mode(self) -> str:
