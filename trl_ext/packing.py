@@ -146,17 +146,17 @@ class _Bin:
         self.rows: list[int] = []
         self.scored: list[np.ndarray] = []
 
-    def cost(self, sequence: np.ndarray, prompt_length: int) -> tuple[int, int]:
-        """``(tokens this row adds, index of the placed row it branches from or -1)``."""
+    def branch_point(self, sequence: np.ndarray, prompt_length: int) -> tuple[int, int]:
+        """``(placed, shared)``: the placed row this row branches from (-1: none) and how many of its first tokens
+        it reuses from that row's path."""
         best, best_shared = -1, 0
         for index, placed in enumerate(self.sequences):
             shared = _common_prefix(placed, sequence)
             if shared > best_shared:
                 best, best_shared = index, shared
         if best < 0:
-            return len(sequence), -1
-        shared = self._usable_prefix(best, best_shared, sequence, prompt_length)
-        return len(sequence) - shared, best
+            return -1, 0
+        return best, self._usable_prefix(best, best_shared, sequence, prompt_length)
 
     def _usable_prefix(self, placed: int, shared: int, sequence: np.ndarray, prompt_length: int) -> int:
         """How much of ``shared`` this row can reuse: up to the first position it scores whose label another row
@@ -164,17 +164,12 @@ class _Bin:
         first, last = max(prompt_length - 1, 0), min(shared, len(sequence) - 1)  # scored depths in the shared part
         if first >= last:
             return shared
-        path = self.paths[placed]
-        existing = np.asarray(self.labels, dtype=np.int64)[path[first:last]]
+        existing = np.array([self.labels[p] for p in self.paths[placed][first:last].tolist()], dtype=np.int64)
         conflict = np.nonzero((existing != -100) & (existing != sequence[first + 1 : last + 1]))[0]
         return first + int(conflict[0]) if conflict.size else shared
 
-    def add(self, row: int, sequence: np.ndarray, prompt_length: int, placed: int) -> None:
-        shared = 0
-        if placed >= 0:
-            shared = self._usable_prefix(
-                placed, _common_prefix(self.sequences[placed], sequence), sequence, prompt_length
-            )
+    def add(self, row: int, sequence: np.ndarray, prompt_length: int, placed: int, shared: int) -> None:
+        """Place a row that reuses the first ``shared`` tokens of placed row ``placed``'s path (see `branch_point`)."""
         path = np.empty(len(sequence), dtype=np.int64)
         path[:shared] = self.paths[placed][:shared] if shared else []
         if shared < len(sequence):
@@ -259,13 +254,13 @@ def pack_rows(
                 f"of {completion_length} with at least one prompt token."
             )
         sequence = np.asarray(tokens, dtype=np.int64)
-        added, placed = current.cost(sequence, prompt_length)
-        if current.rows and used + added > max_packed_tokens:
+        placed, shared = current.branch_point(sequence, prompt_length)
+        if current.rows and used + len(sequence) - shared > max_packed_tokens:
             bins.append(current)
             current, used = _Bin(), 0
-            added, placed = len(sequence), -1
-        current.add(row, sequence, prompt_length, placed)
-        used += added
+            placed, shared = -1, 0
+        current.add(row, sequence, prompt_length, placed, shared)
+        used += len(sequence) - shared
     if current.rows:
         bins.append(current)
     return Packing(

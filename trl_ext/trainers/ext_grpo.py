@@ -423,12 +423,11 @@ class ExtGRPOTrainer(TRLSeam):
         saved = input_ids.numel() - packing.packed_tokens
         if self._packing_mode() == "auto" and (ratio > MAX_PACKED_TOKEN_RATIO or saved < MIN_SAVED_TOKENS):
             return None
-        mode = "train" if self.model.training else "eval"
-        self._metrics[mode]["packing/token_ratio"].append(ratio)
         if self._packing_verified is None and not self._verify_packing(
             model, input_ids, attention_mask, logits_to_keep, packing
         ):
             return None
+        self._metrics["train" if self.model.training else "eval"]["packing/token_ratio"].append(ratio)
         return packing
 
     @torch.no_grad()
