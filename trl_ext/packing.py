@@ -24,7 +24,7 @@ Layout of a packed row of length L:
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -67,14 +67,12 @@ class Packing:
         packed: the packed rows.
         num_rows: B, the batch rows.
         completion_length: T, the width of the ``(B, T)`` per-token tensors.
-        completion_lengths: each row's real completion tokens (the scored ones; the rest of ``(B, T)`` is 0).
         real_tokens: tokens of the rows unpacked (prompt + completion, padding excluded).
     """
 
     packed: list[PackedRow]
     num_rows: int
     completion_length: int
-    completion_lengths: list[int] = field(default_factory=list)
     real_tokens: int = 0
 
     @property
@@ -267,7 +265,6 @@ def pack_rows(
         packed=[b.finish() for b in bins],
         num_rows=len(sequences),
         completion_length=completion_length,
-        completion_lengths=[len(s) - p for s, p in zip(sequences, prompt_lengths)],
         real_tokens=sum(len(s) for s in sequences),
     )
 
@@ -281,7 +278,8 @@ def tree_mask(
 ) -> torch.Tensor:
     """True where token ``kv_idx`` of packed row ``batch`` is visible to its token ``q_idx`` (indices broadcast).
 
-    The one definition of the mask, used for the dense mask and as FlexAttention's ``mask_mod``.
+    The definition of the mask and FlexAttention's ``mask_mod``; `PackedBatch.dense_mask` fills the same mask block
+    by block (tests/test_packing.py checks that the two agree).
 
     Args:
         batch, q_idx, kv_idx: integer index tensors (broadcastable).
