@@ -100,14 +100,11 @@ def test_parser_defaults():
     assert args.config == "r.yaml" and args.overrides == ["--learning_rate", "1e-5", "--max_steps", "3"]
 
 
-def test_report_table(tmp_path):
-    from trl_ext.quickstart import EvalResult, QuickstartResult
+def _report(tmp_path, before=None, after=None, extra=None):
+    from trl_ext.quickstart import QuickstartResult
 
-    before = EvalResult(0.3125, 192, 0.94, 2.08, 0.0, {"copy": 0.6, "lookup": 0.3, "no_answer": 0.1})
-    after = EvalResult(0.651, 192, 0.68, 2.35, 0.0, {"lookup": 0.68, "no_answer": 0.32})
-    (tmp_path / "rlm_trees").mkdir()
-    result = QuickstartResult(
-        method="stepwise-rlm",
+    return QuickstartResult(
+        method="stepwise-rlm" if before is not None else "judge-credit",
         output_dir=tmp_path,
         seed=0,
         fast=False,
@@ -124,18 +121,58 @@ def test_report_table(tmp_path):
         alert_log=[],
         before=before,
         after=after,
-        extra={"eval_samples": 4},
+        extra=extra or {},
     )
-    table = format_quickstart_report(result, 250.0)
-    assert "held-out reward (exact match)" in table and "0.312 →     0.651" in table
-    assert "REPL lookup program" in table and "30.0% →     68.0%" in table
-    assert "turns per rollout" in table and "children per root" in table
-    assert "48 held-out tasks x 4 samples" in table
+
+
+def test_report_table(tmp_path):
+    from trl_ext.quickstart import EvalResult
+
+    before = EvalResult(
+        0.1725, 96, 0.94, 2.0, 1.58, {"delegate": 0.6, "read": 0.34, "no_answer": 0.06},
+        child_answer_rate=0.917, child_correct_rate=0.277, child_strategies={"copy": 0.58, "lookup": 0.234},
+    )  # fmt: skip
+    after = EvalResult(
+        0.653, 96, 0.84, 2.0, 2.15, {"delegate": 0.83, "no_answer": 0.17},
+        child_answer_rate=0.847, child_correct_rate=0.777, child_strategies={"copy": 0.012, "lookup": 0.76},
+    )  # fmt: skip
+    (tmp_path / "rlm_trees").mkdir()
+    table = format_quickstart_report(_report(tmp_path, before, after, {"eval_samples": 2}), 250.0)
+    assert "held-out reward (share of parts right)" in table and "0.172 →     0.653" in table
+    assert "root delegates to children" in table and "60.0% →     83.0%" in table
+    assert "root reads the values itself" in table and "34.0% →      0.0%" in table  # absent strategy: 0
+    assert "children per root" in table and "1.58 →      2.15" in table
+    assert "children that answer right" in table and "27.7% →     77.7%" in table
+    assert "children using the lookup program" in table and "23.4% →     76.0%" in table
+    assert "48 held-out tasks x 2 samples" in table
+    no_children = EvalResult(0.0, 96, 1.0, 2.0, 0.0, {"read": 1.0})
+    table_without = format_quickstart_report(_report(tmp_path, no_children, no_children, {"eval_samples": 2}), 9.0)
+    assert "n/a →       n/a" in table_without  # no child was started: no child figures, not 0 %
     assert "training reward per generation batch: 0.20 0.45 0.70" in table
     assert "IPO masked ratio: mean 0.2%, max 0.6%" in table
     assert "monitor alerts: clip_rate_low ×1" in table and "kl_spike" not in table
     assert f"LoRA adapter      {tmp_path / 'adapter'}/" in table
     assert f"trl-ext push {tmp_path} <user>/<repo>" in table
+
+
+def test_report_table_of_the_judge_credit_miniature(tmp_path):
+    heldout = {
+        "exact_match_before": 0.219,
+        "exact_match_after": 0.395,
+        "digit_acc_before": 0.712,
+        "digit_acc_after": 0.805,
+    }
+    outcome = {
+        "exact_match_before": 0.219,
+        "exact_match_after": 0.344,
+        "digit_acc_before": 0.712,
+        "digit_acc_after": 0.703,
+    }
+    table = format_quickstart_report(
+        _report(tmp_path, extra={"heldout": heldout, "heldout_outcome_only": outcome}), 60.0
+    )
+    assert "with judge credit" in table and "0.219 → 0.395" in table and "0.712 → 0.805" in table
+    assert "outcome-only (λ = 0)" in table and "0.219 → 0.344" in table and "0.712 → 0.703" in table
 
 
 @pytest.mark.slow

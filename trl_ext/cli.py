@@ -185,6 +185,11 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
+def _child_share(evaluation: Any, strategy: str) -> float | None:
+    """The share of an evaluation's children that answered by ``strategy`` (None when it started no child)."""
+    return None if evaluation.child_answer_rate is None else evaluation.child_strategies.get(strategy, 0.0)
+
+
 def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
@@ -196,20 +201,31 @@ def format_quickstart_report(result: Any, wall_time_s: float) -> str:
     if result.before is not None and result.after is not None:
         before, after = result.before, result.after
         rows = [
-            ("held-out reward (exact match)", _num(before.reward), _num(after.reward)),
+            ("held-out reward (share of parts right)", _num(before.reward), _num(after.reward)),
             ("final answer given", _pct(before.final_answer_rate), _pct(after.final_answer_rate)),
             (
-                "REPL lookup program",
-                _pct(before.strategies.get("lookup", 0.0)),
-                _pct(after.strategies.get("lookup", 0.0)),
+                "root delegates to children",
+                _pct(before.strategies.get("delegate", 0.0)),
+                _pct(after.strategies.get("delegate", 0.0)),
             ),
             (
-                "value copied by hand",
-                _pct(before.strategies.get("copy", 0.0)),
-                _pct(after.strategies.get("copy", 0.0)),
+                "root reads the values itself",
+                _pct(before.strategies.get("read", 0.0)),
+                _pct(after.strategies.get("read", 0.0)),
             ),
-            ("turns per rollout", f"{before.turns_mean:.2f}", f"{after.turns_mean:.2f}"),
             ("children per root", f"{before.children_mean:.2f}", f"{after.children_mean:.2f}"),
+            ("children that answer", _pct(before.child_answer_rate), _pct(after.child_answer_rate)),
+            ("children that answer right", _pct(before.child_correct_rate), _pct(after.child_correct_rate)),
+            (
+                "children using the lookup program",
+                _pct(_child_share(before, "lookup")),
+                _pct(_child_share(after, "lookup")),
+            ),
+            (
+                "children copying the value by hand",
+                _pct(_child_share(before, "copy")),
+                _pct(_child_share(after, "copy")),
+            ),
         ]
         width = max(len(r[0]) for r in rows)
         lines.append(f"  {'':<{width}}   {'SFT only':>9}   {'after RL':>9}")
@@ -220,6 +236,18 @@ def format_quickstart_report(result: Any, wall_time_s: float) -> str:
             f"  ({before.rollouts} rollouts each: {before.rollouts // samples} held-out tasks x {samples} samples, "
             "tasks seen in neither SFT nor RL)"
         )
+        lines.append("")
+    heldout = result.extra.get("heldout")
+    if heldout:  # the judge-credit miniature: greedy held-out figures, with judge credit and outcome-only
+        rows = [("with judge credit", heldout)]
+        if result.extra.get("heldout_outcome_only"):
+            rows.append(("outcome-only (λ = 0)", result.extra["heldout_outcome_only"]))
+        lines.append(f"  {'held-out (greedy)':<22}   {'exact match':>19}   {'per-digit accuracy':>19}")
+        for label, values in rows:
+            exact = f"{values['exact_match_before']:.3f} → {values['exact_match_after']:.3f}"
+            digits = f"{values['digit_acc_before']:.3f} → {values['digit_acc_after']:.3f}"
+            lines.append(f"  {label:<22}   {exact:>19}   {digits:>19}")
+        lines.append("  (SFT only → after RL, on prompts seen in neither SFT nor RL)")
         lines.append("")
     rewards = list(result.train_rewards)
     if len(rewards) > 12:  # one value per generation batch; keep the line short

@@ -20,12 +20,18 @@ from trl_ext.quickstart import (
 )
 from trl_ext.quickstart.toy_task import (
     COMPUTE_ACTION,
+    DELEGATE_ACTION,
     EXPLORE_ACTION,
+    PART_TASK,
     SHORTCUT_ACTION,
+    TOY_OUTPUT_CHARS,
+    TOY_TASK,
     ToyTeacher,
-    classify_strategy,
+    classify_child,
+    classify_root,
     exact_match_reward,
     make_toy_dataset,
+    parts_reward,
 )
 from trl_ext.rlm import PythonREPL, RLMEngine, RLMTask, ScriptedGenerator
 
@@ -41,15 +47,23 @@ def test_toy_dataset_is_seeded_and_well_formed():
     first, again, other = make_toy_dataset(50, seed=3), make_toy_dataset(50, seed=3), make_toy_dataset(50, seed=4)
     assert first["context"] == again["context"] and first["context"] != other["context"]
     for row in first:
-        pairs, key_line = row["context"].split("\n")
-        values = dict(pair.split("=") for pair in pairs.split())
-        assert 3 <= len(values) <= 5 and key_line.startswith("key: ")
-        assert values[key_line[-1]] == row["answer"] and len(row["answer"]) == 2
+        assert 2 <= len(row["context"]) <= 3 and row["prompt"] == TOY_TASK
+        answers = row["answer"].split(",")
+        assert len(answers) == len(row["context"])
+        for part, answer in zip(row["context"], answers):
+            pairs, key_line = part.split("\n")
+            values = dict(pair.split("=") for pair in pairs.split())
+            assert 3 <= len(values) <= 4 and key_line.startswith("key: ")
+            assert values[key_line[-1]] == answer and len(answer) == 2
+            assert len(part) <= TOY_OUTPUT_CHARS  # a child can print its part whole
+        assert len(str(row["context"])) > TOY_OUTPUT_CHARS  # the root cannot print the whole context
     with pytest.raises(ValueError, match="min_pairs"):
         make_toy_dataset(1, min_pairs=0)
+    with pytest.raises(ValueError, match="min_parts"):
+        make_toy_dataset(1, min_parts=3, max_parts=2)
 
 
-def test_exact_match_reward():
+def test_rewards():
     assert exact_match_reward(["13", " '13' ", "14", "", [{"role": "assistant", "content": "13"}]], ["13"] * 5) == [
         1.0,
         1.0,
@@ -57,20 +71,31 @@ def test_exact_match_reward():
         0.0,
         1.0,
     ]
+    answers = ["13,38"] * 7
+    completions = [
+        "13,38",
+        " 13 , '38' ",
+        "13",
+        "38,13",
+        "13,38,13,38",
+        "",
+        [{"role": "assistant", "content": "13,38"}],
+    ]
+    assert parts_reward(completions, answers) == [1.0, 1.0, 0.5, 0.0, 0.5, 0.0, 1.0]  # extra values do not pay
 
 
 def test_programs_compute_the_right_values_in_the_real_repl():
-    """The lookup program is always right; the shortcut only when the asked key comes first."""
-    dataset = make_toy_dataset(12, seed=1)
-    for row in dataset:
-        repl = PythonREPL(row["context"])
-        try:
-            assert repl.execute(code_of(COMPUTE_ACTION) + "\nprint(answer)").stdout.strip() == row["answer"]
-            shortcut = repl.execute(code_of(SHORTCUT_ACTION) + "\nprint(answer)").stdout.strip()
-            asked_first = row["context"].startswith(row["context"][-1] + "=")
-            assert (shortcut == row["answer"]) == asked_first or row["context"].split()[0][2:] == row["answer"]
-        finally:
-            repl.close()
+    """The lookup program is always right on a part; the shortcut only when the asked key comes first."""
+    for row in make_toy_dataset(6, seed=1):
+        for part, answer in zip(row["context"], row["answer"].split(",")):
+            repl = PythonREPL(part)
+            try:
+                assert repl.execute(code_of(COMPUTE_ACTION) + "\nprint(answer)").stdout.strip() == answer
+                shortcut = repl.execute(code_of(SHORTCUT_ACTION) + "\nprint(answer)").stdout.strip()
+                asked_first = part.startswith(part[-1] + "=")
+                assert (shortcut == answer) == asked_first or part.split()[0][2:] == answer
+            finally:
+                repl.close()
 
 
 def _request(*contents: str) -> dict:
@@ -78,11 +103,11 @@ def _request(*contents: str) -> dict:
     return {"messages": [{"role": role, "content": text} for role, text in zip(roles, contents)]}
 
 
-def test_teacher_explores_then_answers_by_strategy():
+def test_teacher_children_explore_then_answer_by_strategy():
     teacher = ToyTeacher(compute_fraction=0.4, shortcut_fraction=0.3, seed=0)
-    assert teacher(_request("system", "Turn 1 of 3. task")) == EXPLORE_ACTION
+    assert teacher(_request("system", f"Turn 1 of 3. {PART_TASK}")) == EXPLORE_ACTION
     observations = [f"REPL output:\nb=4{i} d=5{i} c=6{i}\nkey: d" for i in range(200)]
-    answers = [teacher(_request("system", EXPLORE_ACTION, obs, "Turn 2 of 3. task")) for obs in observations]
+    answers = [teacher(_request("system", EXPLORE_ACTION, obs, f"Turn 2 of 3. {PART_TASK}")) for obs in observations]
     counts = {action: answers.count(action) for action in (COMPUTE_ACTION, SHORTCUT_ACTION)}
     reads = [a for a in answers if a.startswith("FINAL(")]
     assert all(a == f"FINAL(5{i})" for i, a in enumerate(answers) if a.startswith("FINAL("))
@@ -90,54 +115,86 @@ def test_teacher_explores_then_answers_by_strategy():
     assert len(reads) + sum(counts.values()) == 200
     # a seeded function of what the teacher sees: the same request gets the same action, whatever the order
     shuffled = random.Random(1).sample(range(200), 200)
-    assert all(teacher(_request("system", EXPLORE_ACTION, observations[i], "t")) == answers[i] for i in shuffled)
+    assert all(teacher(_request("system", EXPLORE_ACTION, observations[i], PART_TASK)) == answers[i] for i in shuffled)
     with pytest.raises(ValueError, match="sum to at most 1"):
-        ToyTeacher(0.8, 0.5)
+        ToyTeacher(compute_fraction=0.8, shortcut_fraction=0.5)
+    with pytest.raises(ValueError, match="delegate_fraction"):
+        ToyTeacher(delegate_fraction=1.5)
 
 
-def test_teacher_traces_through_the_real_scaffold():
-    """Played by a ScriptedGenerator through RLMEngine: two turns, correct answers for compute and read traces."""
+def test_teacher_roots_delegate_or_read_what_they_saw():
+    teacher = ToyTeacher(delegate_fraction=0.5, seed=0)
+    truncated = "['b=41 d=52 c=63\\nkey: d', 'a=12 e=\n... [30 more characters truncated]"
+    observations = [truncated.replace("b=41", f"b={10 + i}") for i in range(100)]
+    answers = [teacher(_request("system", EXPLORE_ACTION, obs, f"Turn 2 of 2. {TOY_TASK}")) for obs in observations]
+    assert set(answers) == {DELEGATE_ACTION, "FINAL(52)"}  # only the part shown whole is read
+    assert 0.35 < answers.count(DELEGATE_ACTION) / 100 < 0.65
+
+
+def _teacher_engine(teacher: ToyTeacher):
     from trl_ext.testing import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
-    teacher = ToyTeacher(compute_fraction=0.5, shortcut_fraction=0.0, seed=0)
 
     def respond(prompt_text: str) -> str:
-        blocks = prompt_text.split("<|im_start|>")[1:]
+        blocks = prompt_text.split("<|im_start|>")[1:]  # the last one is the generation prompt, not a message
         messages = [
             {"role": b.split("\n", 1)[0], "content": b.split("\n", 1)[1].rsplit("<|im_end|>", 1)[0]}
             for b in blocks
-            if "\n" in b and b.split("\n", 1)[0] in ("system", "user", "assistant")
+            if "<|im_end|>" in b
         ]
         return teacher({"messages": messages})
 
+    return RLMEngine(ScriptedGenerator(respond, tokenizer), tokenizer, toy_scaffold_config(QuickstartSettings()))
+
+
+def test_delegating_teacher_solves_every_task_through_real_children():
+    """Played by a ScriptedGenerator through RLMEngine and real REPLs: a root that delegates starts one child per
+    part, the children (computing or reading) answer their parts, and the joined answers are exactly right."""
     dataset = make_toy_dataset(8, seed=2)
-    engine = RLMEngine(ScriptedGenerator(respond, tokenizer), tokenizer, toy_scaffold_config(QuickstartSettings()))
+    engine = _teacher_engine(ToyTeacher(delegate_fraction=1.0, compute_fraction=0.5, shortcut_fraction=0.0, seed=0))
     trees = engine.run([RLMTask(row["prompt"], row["context"]) for row in dataset])
-    assert exact_match_reward([t.final_answer for t in trees], dataset["answer"]) == [1.0] * 8
-    assert all(len(tree.root.turns) == 2 for tree in trees)
-    kinds = {classify_strategy(tree) for tree in trees}
-    assert kinds == {"lookup", "copy"}
+    assert parts_reward([t.final_answer for t in trees], dataset["answer"]) == [1.0] * 8
+    assert [len(tree.root.children) for tree in trees] == [len(row["context"]) for row in dataset]
+    assert all(classify_root(tree) == "delegate" and len(tree.root.turns) == 2 for tree in trees)
+    children = [tree.nodes[i] for tree in trees for i in tree.root.children]
+    assert all(child.depth == 1 and child.task == PART_TASK and len(child.turns) == 2 for child in children)
+    assert {classify_child(child) for child in children} == {"lookup", "copy"}
 
 
-def test_classify_strategy():
+def test_reading_teacher_scores_only_the_part_it_saw():
+    """A root that reads sees only the first part of print(context) (the output is cut to TOY_OUTPUT_CHARS)."""
+    dataset = make_toy_dataset(8, seed=2)
+    trees = _teacher_engine(ToyTeacher(delegate_fraction=0.0, seed=0)).run(
+        [RLMTask(row["prompt"], row["context"]) for row in dataset]
+    )
+    assert all(classify_root(tree) == "read" and not tree.root.children for tree in trees)
+    expected = [1 / len(row["context"]) for row in dataset]
+    assert parts_reward([t.final_answer for t in trees], dataset["answer"]) == expected
+
+
+def test_classify_root_and_child():
     class Turn:
         def __init__(self, action):
             self.action = action
 
     class Node:
-        def __init__(self, *actions):
+        def __init__(self, answer, *actions):
+            self.final_answer = answer
             self.turns = [Turn(a) for a in actions]
 
     class Tree:
         def __init__(self, answer, *actions):
             self.final_answer = answer
-            self.nodes = [Node(*actions)]
+            self.root = Node(answer, *actions)
 
-    assert classify_strategy(Tree("13", EXPLORE_ACTION, COMPUTE_ACTION)) == "lookup"
-    assert classify_strategy(Tree("13", EXPLORE_ACTION, SHORTCUT_ACTION)) == "shortcut"
-    assert classify_strategy(Tree("13", EXPLORE_ACTION, "FINAL(13)")) == "copy"
-    assert classify_strategy(Tree(None, EXPLORE_ACTION)) == "no_answer"
+    assert classify_root(Tree("13,38", EXPLORE_ACTION, DELEGATE_ACTION)) == "delegate"
+    assert classify_root(Tree("13", EXPLORE_ACTION, "FINAL(13)")) == "read"
+    assert classify_root(Tree(None, EXPLORE_ACTION)) == "no_answer"
+    assert classify_child(Node("13", EXPLORE_ACTION, COMPUTE_ACTION)) == "lookup"
+    assert classify_child(Node("13", EXPLORE_ACTION, SHORTCUT_ACTION)) == "shortcut"
+    assert classify_child(Node("13", EXPLORE_ACTION, "FINAL(13)")) == "copy"
+    assert classify_child(Node(None, EXPLORE_ACTION)) == "no_answer"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -146,7 +203,7 @@ def test_classify_strategy():
 def test_held_out_eval_set_is_disjoint_from_the_training_data():
     train = make_toy_dataset(2000, seed=0)
     held_out = held_out_eval_set(48, 0, exclude=train["context"])
-    assert len(held_out) == 48 and not set(held_out["context"]) & set(train["context"])
+    assert len(held_out) == 48 and not {tuple(c) for c in held_out["context"]} & {tuple(c) for c in train["context"]}
 
 
 def test_prepare_output_dir_errors(tmp_path):
@@ -166,7 +223,7 @@ def test_settings_validation():
         QuickstartSettings(rl_steps=0).validate()
     with pytest.raises(ValueError, match="num_generations"):
         QuickstartSettings(num_generations=1).validate()
-    with pytest.raises(ValueError, match="rl_micro_batches=3 must divide the 64 rollouts"):
+    with pytest.raises(ValueError, match="rl_micro_batches=3 must divide the 32 rollouts"):
         QuickstartSettings(rl_micro_batches=3).validate()
     with pytest.raises(ValueError, match="method"):
         run_quickstart(method="ppo")
@@ -174,15 +231,12 @@ def test_settings_validation():
 
 def test_rl_stage_uses_the_evaluation_scaffold(tmp_path):
     """The RL stage's scaffold fields describe the very scaffold the evaluation runs."""
-    from dataclasses import fields
-
-    from trl_ext.rlm.scaffold import ScaffoldArguments
+    from trl_ext.trainers import StepwiseRLMConfig
 
     settings = QuickstartSettings(max_turns=3)
-    names = {f.name for f in fields(ScaffoldArguments)}
-    kwargs = toy_rl_config_kwargs(settings, tmp_path, progress=False)
-    scaffold = ScaffoldArguments(**{k: v for k, v in kwargs.items() if k in names}).scaffold_config()
+    scaffold = StepwiseRLMConfig(**toy_rl_config_kwargs(settings, tmp_path, progress=False)).scaffold_config()
     assert scaffold.to_dict() == toy_scaffold_config(settings).to_dict() and scaffold.max_turns == 3
+    assert scaffold.max_depth == 1 and scaffold.sandbox.max_output_chars == TOY_OUTPUT_CHARS
 
 
 def test_evaluate_policy_on_an_untrained_model(tmp_path):
@@ -218,25 +272,28 @@ def test_fast_variants_run_and_report(method, tmp_path):
         assert result.extra["malformed_ratio_mean"] is not None
 
 
-# The bounds the default run must meet on any machine of the CI kind, from benchmarks/quickstart_spread.py (seeds 0-4,
-# each with torch's native CPU kernels and with the scalar ones, which round differently as another CPU does; the
-# table is in benchmarks/RESULTS.md). The robust sign of learning is that RL drives out copying values by hand (the
-# strategy that is mostly wrong): every measured run's copied share fell by at least twice CI_COPY_DROP_BOUND. The
-# held-out gain itself ranged from about 0 to +0.47, so the gain bound only says that RL did not make the policy
-# worse beyond the evaluation's noise (about 0.05 on 192 rollouts); the README states the measured range.
-CI_COPY_DROP_BOUND = 0.05
-CI_GAIN_BOUND = -0.10
+# The bounds the default run must meet on any machine of the CI kind, from benchmarks/quickstart_spread.py and
+# benchmarks/quickstart_ablations.py (seeds, CPU kernels that round differently as another CPU does, thread counts;
+# the tables are in benchmarks/RESULTS.md): each bound is at most half the smallest change measured, so a run on
+# another machine, which lands elsewhere in the measured range, still passes; the README states the measured ranges.
+CI_GAIN_BOUND = 0.15  # held-out reward, after RL minus SFT only
+CI_CHILDREN_GAIN_BOUND = 0.15  # children per root, after RL minus SFT only
+CI_CHILD_CORRECT_BOUND = 0.15  # share of children answering their part right, after RL minus SFT only
 
 
 @pytest.mark.slow
 def test_default_quickstart_learns(tmp_path):
-    """The README's claim, checked on the default settings (several minutes on 2 cores) with bounds that hold whatever
-    the machine's rounding: RL drives out copying values by hand, and does not make the held-out reward worse beyond
-    the evaluation's noise."""
+    """The README's claim, checked on the default settings (a few minutes on 2 cores) with bounds that hold whatever
+    the machine's rounding: children are started and trained, roots delegate more, children answer their parts right
+    more often, and the held-out reward rises."""
     result = run_quickstart(tmp_path, seed=0, progress=False, log=lambda line: None)
     before, after = result.before, result.after
-    assert before is not None and after is not None and before.rollouts == after.rollouts == 192
-    assert result.train_steps == 40
+    assert before is not None and after is not None and before.rollouts == after.rollouts == 96
+    assert result.train_steps == QuickstartSettings.default().rl_steps
+    history = json.loads((tmp_path / "trainer_state.json").read_text())["log_history"]
+    trained_children = [h["rlm/children_mean"] for h in history if "rlm/children_mean" in h]
+    assert trained_children and min(trained_children) > 0.5  # children were spawned and trained at every step
+    assert any("rlm/child_answer_rate" in h for h in history)
     assert after.reward - before.reward >= CI_GAIN_BOUND, (before.reward, after.reward)
-    copied_before, copied_after = before.strategies.get("copy", 0.0), after.strategies.get("copy", 0.0)
-    assert copied_before - copied_after >= CI_COPY_DROP_BOUND, (before.strategies, after.strategies)
+    assert after.children_mean - before.children_mean >= CI_CHILDREN_GAIN_BOUND, (before, after)
+    assert after.child_correct_rate - before.child_correct_rate >= CI_CHILD_CORRECT_BOUND, (before, after)

@@ -3,10 +3,13 @@
 Demo code kept apart from the library: it uses ``trl_ext`` as a user would. ``run_quickstart(method=...)`` runs
 
 - ``"stepwise-rlm"`` (the default, `trl_ext.quickstart.stepwise`): the whole stepwise-RLM pipeline on the built-in
-  toy task (`trl_ext.quickstart.toy_task`): teacher traces from a scripted teacher, cold-start SFT of a tiny model,
-  `StepwiseRLMTrainer` with the IPO loss, and the held-out reward before and after RL;
-- ``"judge-credit"`` and ``"rlmt"`` (`trl_ext.quickstart.judge_credit`, `trl_ext.quickstart.rlmt`):
-  `JudgeCreditTrainer` and `RLMTTrainer` in a few steps, showing the trainers, monitors and outputs end to end.
+  toy task (`trl_ext.quickstart.toy_task`: a context too long to read in one turn, where handing its parts to child
+  RLMs pays): teacher traces from a scripted teacher, cold-start SFT of a tiny model, `StepwiseRLMTrainer` with the
+  IPO loss, and the held-out reward, delegation and children's answers before and after RL;
+- ``"judge-credit"`` (`trl_ext.quickstart.judge_credit`): `JudgeCreditTrainer` on a digit-copy task whose
+  outcome reward is sparse and whose scripted judge marks the wrong digit, against the same RL without judge credit;
+- ``"rlmt"`` (`trl_ext.quickstart.rlmt`): `RLMTTrainer` in a few steps, showing the trainer, monitors and outputs
+  end to end.
 
 The modules: `settings` (the knobs and the trainer configs they become), `runner` (the entry point and the output
 directory), `evaluation` (held-out evaluation), `training` (what every trainer run shares), `report` (the result and

@@ -23,33 +23,36 @@ class QuickstartSettings:
     for RL (>= 10x the SFT set, so `split_cold_start` does not warn), ``num_eval_examples`` held-out tasks evaluated
     ``eval_samples`` times each.
     Policy: a Qwen2-architecture model with ``hidden_size`` and ``num_hidden_layers`` (``trl_ext.testing``).
-    Teacher: fractions of its *compute* and *shortcut* strategies (`trl_ext.quickstart.toy_task.ToyTeacher`).
+    Teacher: how often a root delegates, and how often a child computes or takes the shortcut
+    (`trl_ext.quickstart.toy_task.ToyTeacher`).
     SFT: epochs, learning rate, batch size (full fine-tuning: the model starts from random weights).
-    RL: optimizer steps, learning rate, ``rl_beta`` (KL to the SFT policy: it keeps the lookup program intact while
-    the strategy shifts), prompts per generation × ``num_generations`` rollouts, ``num_iterations`` optimizer steps
-    per generation (the later ones are off-policy, where the IPO mask acts), ``rl_micro_batches`` the generation
-    batch is split into (gradient accumulation: the same optimizer step, a quarter of the activation memory), LoRA
-    rank/alpha, ``max_completion_length`` tokens per action, ``max_turns`` per rollout (the task takes two: look at
-    the context, then answer; a third turn only repeats a longer prompt after a failed one), sampling
-    ``temperature``.
+    RL: optimizer steps, learning rate, ``rl_beta`` (KL to the SFT policy: it keeps the programs intact while the
+    strategy shifts), prompts per generation × ``num_generations`` rollouts, ``num_iterations`` optimizer steps per
+    generation (the later ones are off-policy, where the IPO mask acts), ``rl_micro_batches`` the generation batch is
+    split into (gradient accumulation: the same optimizer step, a fraction of the activation memory), LoRA
+    rank/alpha, ``max_completion_length`` tokens per action, ``max_turns`` per node (the task takes two: look at the
+    context, then answer), sampling ``temperature``, ``loss_type`` (``"ipo"``, or e.g. ``"dapo"`` for PPO-clip) and
+    ``rlm_loss_normalization`` (``"subtree"``: 1/k_g weights; ``"token"``: a plain token mean) — the last two are
+    what the ablations change (docs/quickstart.md).
     """
 
     seed: int = 0
-    num_sft_examples: int = 48
+    num_sft_examples: int = 32
     num_rl_examples: int = 480
     num_eval_examples: int = 48
-    eval_samples: int = 4
+    eval_samples: int = 2
     hidden_size: int = 64
     num_hidden_layers: int = 4
+    delegate_fraction: float = 0.6
     compute_fraction: float = 0.45
-    shortcut_fraction: float = 0.2
-    sft_epochs: float = 60.0
-    sft_learning_rate: float = 3e-3
+    shortcut_fraction: float = 0.15
+    sft_epochs: float = 24.0
+    sft_learning_rate: float = 5e-3
     sft_batch_size: int = 8
-    rl_steps: int = 40
+    rl_steps: int = 28
     rl_learning_rate: float = 1e-3
     rl_beta: float = 0.2
-    prompts_per_step: int = 8
+    prompts_per_step: int = 4
     num_generations: int = 8
     num_iterations: int = 4
     rl_micro_batches: int = 4
@@ -58,6 +61,8 @@ class QuickstartSettings:
     max_completion_length: int = 64
     max_turns: int = 2
     temperature: float = 1.0
+    loss_type: str = "ipo"
+    rlm_loss_normalization: str = "subtree"
 
     @classmethod
     def default(cls, seed: int = 0) -> QuickstartSettings:
@@ -68,9 +73,10 @@ class QuickstartSettings:
         """Every stage, scaled down to well under a minute on two cores (for CI; it does not learn visibly)."""
         return cls(
             seed=seed,
+            num_sft_examples=16,
             num_eval_examples=8,
             eval_samples=2,
-            sft_epochs=15.0,
+            sft_epochs=4.0,
             rl_steps=4,
             prompts_per_step=2,
             num_generations=4,
@@ -105,13 +111,19 @@ class QuickstartSettings:
             raise ValueError(f"sft_epochs must be > 0, got {self.sft_epochs!r}.")
 
 
+# Children a root may start: one per part (at most 3), with room for one more.
+TOY_MAX_CHILDREN = 4
+
+
 def _toy_scaffold(settings: QuickstartSettings) -> dict[str, Any]:
-    """The toy task's `RLMScaffoldConfig` settings: short prompts, no sub-calls needed (``max_depth=0``)."""
+    """The toy task's `RLMScaffoldConfig` settings: short prompts, children one level deep."""
     from .toy_task import TOY_FIRST_USER_PROMPT, TOY_SYSTEM_PROMPT, TOY_USER_PROMPT
 
     return dict(
         max_turns=settings.max_turns,
-        max_depth=0,
+        max_depth=1,
+        max_children=TOY_MAX_CHILDREN,
+        max_total_children=TOY_MAX_CHILDREN,
         system_prompt=TOY_SYSTEM_PROMPT,
         first_user_prompt=TOY_FIRST_USER_PROMPT,
         user_prompt=TOY_USER_PROMPT,
@@ -119,23 +131,29 @@ def _toy_scaffold(settings: QuickstartSettings) -> dict[str, Any]:
 
 
 def toy_scaffold_config(settings: QuickstartSettings) -> Any:
-    """The RLM scaffold of the toy task: short prompts, no sub-calls needed (``max_depth=0``)."""
-    from trl_ext.rlm import RLMScaffoldConfig
+    """The RLM scaffold of the toy task: short prompts, children one level deep, a cell's output cut to
+    `TOY_OUTPUT_CHARS` (one part, not the whole context)."""
+    from trl_ext.rlm import RLMScaffoldConfig, SandboxLimits
 
-    return RLMScaffoldConfig(**_toy_scaffold(settings))
+    from .toy_task import TOY_OUTPUT_CHARS
+
+    return RLMScaffoldConfig(**_toy_scaffold(settings), sandbox=SandboxLimits(max_output_chars=TOY_OUTPUT_CHARS))
 
 
 def toy_rl_config_kwargs(settings: QuickstartSettings, output: Path, progress: bool) -> dict[str, Any]:
     """`StepwiseRLMConfig` keyword arguments of the quickstart's RL stage (CPU, IPO, the toy scaffold)."""
     from trl_ext.rlm.scaffold import ScaffoldArguments
 
+    from .toy_task import TOY_OUTPUT_CHARS
+
     return dict(
         **cpu_run_kwargs(output, settings, progress),
         activation_checkpointing=False,  # a tiny model on the CPU: recomputing activations only costs time
-        loss_type="ipo",
+        loss_type=settings.loss_type,
+        rlm_loss_normalization=settings.rlm_loss_normalization,
         learning_rate=settings.rl_learning_rate,
         lr_scheduler_type="constant",
-        beta=settings.rl_beta,  # KL to the SFT policy (the adapter disabled): keeps the lookup program intact
+        beta=settings.rl_beta,  # KL to the SFT policy (the adapter disabled): keeps the programs intact
         max_steps=settings.rl_steps,
         # one optimizer step per pass over the generation batch (split into rl_micro_batches accumulated
         # micro-batches), num_iterations passes per generation: the later ones are off-policy (IPO acts)
@@ -145,6 +163,7 @@ def toy_rl_config_kwargs(settings: QuickstartSettings, output: Path, progress: b
         num_iterations=settings.num_iterations,
         max_completion_length=settings.max_completion_length,
         temperature=settings.temperature,
+        repl_max_output_chars=TOY_OUTPUT_CHARS,
         **ScaffoldArguments.arguments_for(**_toy_scaffold(settings)),
     )
 

@@ -1,17 +1,19 @@
 """The stepwise-RLM quickstart (``--method stepwise-rlm``, the default): the whole pipeline in miniature on the
-built-in toy task (`trl_ext.quickstart.toy_task`: look one key up in a few ``key=value`` pairs held in the REPL's
-``context``; reward = exact match). The run, in order:
+built-in toy task (`trl_ext.quickstart.toy_task`: look a key up in each of 2–3 parts of the REPL's ``context``, too
+long to read in one turn, so that handing the parts to child RLMs pays; reward = share of parts right). The run, in
+order:
 
 1. **Data.** A seeded dataset; `split_cold_start` holds out a few dozen examples for SFT, the rest is the RL set; a
    separate seeded set (disjoint contexts) is the held-out evaluation set.
 2. **Teacher traces.** A scripted teacher behind a local OpenAI-compatible server (`ScriptedChatServer` on
    127.0.0.1) plays the policy in the real scaffold (`trl_ext.sft.generate_teacher_traces`: sandboxed REPL, the
-   prompts rebuilt every turn); `filter_traces` keeps the exact-match traces; `traces_to_sft_rows` makes one SFT row
-   per turn.
+   prompts rebuilt every turn, children started by its ``rlm_query_batched`` calls); `filter_traces` keeps the traces
+   that scored; `traces_to_sft_rows` makes one SFT row per turn of every node, children included.
 3. **Cold-start SFT** of a tiny Qwen2-architecture model (built offline, `trl_ext.testing`) with TRL's
    `SFTTrainer`: after it the policy writes the scaffold's format but is often wrong.
 4. **Held-out evaluation** of the SFT-only policy (RLM rollouts sampled at the RL temperature).
-5. **RL** with `StepwiseRLMTrainer`: every turn a training row, the IPO loss, a LoRA adapter, `default_monitors()`.
+5. **RL** with `StepwiseRLMTrainer`: every turn of every node a training row, children weighted 1/k_g, the IPO
+   loss, a LoRA adapter, `default_monitors()`.
 6. **Held-out evaluation** of the RL policy (same tasks, same seed), then the adapter, the metrics plot
    (`plot_run`), the rollout trees and ``trl_ext_run.json`` are in the output directory.
 """
@@ -21,32 +23,48 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .evaluation import evaluate_policy, held_out_eval_set
+from .evaluation import EvalResult, evaluate_policy, held_out_eval_set
 from .report import QuickstartResult, result_from_history
 from .settings import QuickstartSettings, toy_rl_config_kwargs, toy_scaffold_config
-from .training import quiet_progress, save_adapter_and_state, save_plot
+from .training import cold_start_sft, quiet_progress, save_adapter_and_state, save_plot
 
 SFT_MODEL_DIR = "sft_model"
+
+
+@dataclass
+class ColdStart:
+    """Steps 1–4 done: the SFT policy, its held-out evaluation and what the RL stage needs (`cold_start`)."""
+
+    model: Any
+    tokenizer: Any
+    sft_dir: Path
+    rl_split: Any
+    eval_set: Any
+    before: EvalResult
+    sft_rows: int
+    teacher_traces_kept: int
+    times: dict[str, float] = field(default_factory=dict)
 
 
 def run_stepwise(
     output: Path, settings: QuickstartSettings, fast: bool, progress: bool, say: Callable[[str], None]
 ) -> QuickstartResult:
     """Steps 1–6 of the module docstring in ``output``; ``say`` gets one line per step."""
-    from peft import LoraConfig
+    return reinforce(cold_start(output, settings, progress, say), output, settings, fast, progress, say)
 
-    from trl_ext.callbacks import default_monitors
+
+def cold_start(output: Path, settings: QuickstartSettings, progress: bool, say: Callable[[str], None]) -> ColdStart:
+    """Steps 1–4 in ``output``: data, teacher traces, cold-start SFT, the SFT-only policy's held-out evaluation."""
     from trl_ext.judge import AsyncChatClient
-    from trl_ext.recipes import config_summary
     from trl_ext.sft import filter_traces, generate_teacher_traces, split_cold_start, traces_to_sft_rows
     from trl_ext.testing import build_tiny_model_and_tokenizer
-    from trl_ext.trainers import StepwiseRLMConfig, StepwiseRLMTrainer
 
     from .scripted_server import ScriptedChatServer
-    from .toy_task import ToyTeacher, exact_match_reward, make_toy_dataset
+    from .toy_task import ToyTeacher, make_toy_dataset, parts_reward
 
     times: dict[str, float] = {}
     seed = settings.seed
@@ -63,20 +81,19 @@ def run_stepwise(
     )
 
     # 2. teacher traces -----------------------------------------------------------------------------------------
-    teacher = ToyTeacher(settings.compute_fraction, settings.shortcut_fraction, seed=seed)
+    teacher = ToyTeacher(settings.delegate_fraction, settings.compute_fraction, settings.shortcut_fraction, seed=seed)
     with ScriptedChatServer(teacher, model="toy-teacher") as server:
         client = AsyncChatClient(server.base_url, "toy-teacher", api_key_env=None, max_retries=0, timeout=30.0)
         traces = generate_teacher_traces(sft_split, client, scaffold_config=scaffold)
-    kept, report = filter_traces(traces, reward_fn=exact_match_reward)
+    kept, report = filter_traces(traces, reward_fn=parts_reward)
     with (output / "teacher_traces.jsonl").open("w", encoding="utf-8") as handle:
         for trace in traces:
             handle.write(json.dumps(trace.to_dict(), default=str) + "\n")
     sft_rows = traces_to_sft_rows(kept, num_rl_examples=len(rl_split))
-    sft_rows = sft_rows.remove_columns([c for c in sft_rows.column_names if c not in ("prompt", "completion")])
     dropped = ", ".join(f"{n} {reason}" for reason, n in report.dropped.items() if n) or "none"
     say(
         f"[2/6] scripted teacher (OpenAI-compatible server on 127.0.0.1): {len(traces)} traces, {report.kept} kept "
-        f"(dropped: {dropped}) -> {len(sft_rows)} SFT rows (one per turn)"
+        f"(dropped: {dropped}) -> {len(sft_rows)} SFT rows (one per turn of every root and child)"
     )
     times["data_and_teacher"] = time.perf_counter() - tick
 
@@ -94,7 +111,17 @@ def run_stepwise(
         f"{settings.sft_epochs:g} epochs, TRL SFTTrainer)"
     )
     sft_dir = output / SFT_MODEL_DIR
-    model = _cold_start_sft(model, tokenizer, sft_rows, settings, output / "sft", progress)
+    model = cold_start_sft(
+        model,
+        tokenizer,
+        sft_rows,
+        output / "sft",
+        epochs=settings.sft_epochs,
+        learning_rate=settings.sft_learning_rate,
+        batch_size=settings.sft_batch_size,
+        seed=seed,
+        progress=progress,
+    )
     model.save_pretrained(sft_dir)
     tokenizer.save_pretrained(sft_dir)
     model.config._name_or_path = str(sft_dir)  # the adapter's base model: the SFT model saved here
@@ -107,23 +134,49 @@ def run_stepwise(
     )
     say(
         f"[4/6] held-out reward of the SFT-only policy: {before.reward:.3f} "
-        f"(final answer in {100 * before.final_answer_rate:.0f}% of rollouts)"
+        f"(final answer in {100 * before.final_answer_rate:.0f}% of rollouts, {before.children_mean:.2f} children "
+        "per root)"
     )
     times["eval_before"] = time.perf_counter() - tick
+    return ColdStart(model, tokenizer, sft_dir, rl_split, eval_set, before, len(sft_rows), report.kept, times)
+
+
+def reinforce(
+    start: ColdStart,
+    output: Path,
+    settings: QuickstartSettings,
+    fast: bool,
+    progress: bool,
+    say: Callable[[str], None],
+) -> QuickstartResult:
+    """Steps 5–6 in ``output``: `StepwiseRLMTrainer` from ``start``'s SFT policy (trained in place: give each run its
+    own `trl_ext.quickstart.training.fresh_copy` to reuse it), the held-out evaluation after RL, the adapter and the
+    plot."""
+    from peft import LoraConfig
+
+    from trl_ext.callbacks import default_monitors
+    from trl_ext.recipes import config_summary
+    from trl_ext.trainers import StepwiseRLMConfig, StepwiseRLMTrainer
+
+    from .toy_task import parts_reward
+
+    times = dict(start.times)
+    model, tokenizer, before = start.model, start.tokenizer, start.before
 
     # 5. stepwise RLM RL ----------------------------------------------------------------------------------------
     tick = time.perf_counter()
     say(
-        f"[5/6] StepwiseRLMTrainer: {settings.rl_steps} steps, IPO loss, LoRA r={settings.lora_r}, "
-        f"{settings.prompts_per_step} tasks x {settings.num_generations} rollouts per generation, default monitors"
+        f"[5/6] StepwiseRLMTrainer: {settings.rl_steps} steps, {settings.loss_type} loss, "
+        f"{settings.rlm_loss_normalization} normalisation, LoRA r={settings.lora_r}, {settings.prompts_per_step} tasks "
+        f"x {settings.num_generations} rollouts per generation, default monitors"
     )
     config = StepwiseRLMConfig(**toy_rl_config_kwargs(settings, output, progress))
     monitors = default_monitors()
     trainer = StepwiseRLMTrainer(
         model,
-        exact_match_reward,
+        parts_reward,
         args=config,
-        train_dataset=rl_split,
+        train_dataset=start.rl_split,
         processing_class=tokenizer,
         peft_config=LoraConfig(
             r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=0.0, target_modules="all-linear"
@@ -139,53 +192,27 @@ def run_stepwise(
     tick = time.perf_counter()
     policy = trainer.accelerator.unwrap_model(trainer.model)
     after = evaluate_policy(
-        policy, tokenizer, eval_set, settings, output / "eval" / "after_rl.jsonl", progress, "eval after RL"
+        policy, tokenizer, start.eval_set, settings, output / "eval" / "after_rl.jsonl", progress, "eval after RL"
     )
     plot_file = save_plot(output, say)
     times["eval_after"] = time.perf_counter() - tick
-    say(f"[6/6] held-out reward after RL: {after.reward:.3f} (SFT-only: {before.reward:.3f})")
+    say(
+        f"[6/6] held-out reward after RL: {after.reward:.3f} (SFT-only: {before.reward:.3f}); children per root "
+        f"{before.children_mean:.2f} -> {after.children_mean:.2f}"
+    )
 
     history = trainer.state.log_history
     result = result_from_history("stepwise-rlm", output, settings, fast, history, monitors, adapter_dir, plot_file)
     result.before, result.after = before, after
     result.stage_times_s = {key: round(value, 1) for key, value in times.items()}
     result.extra = {
-        "base_model": str(sft_dir),
+        "base_model": str(start.sft_dir),
         "config": config_summary(config),
-        "sft_rows": len(sft_rows),
-        "teacher_traces_kept": report.kept,
+        "sft_rows": start.sft_rows,
+        "teacher_traces_kept": start.teacher_traces_kept,
         "rollout_trees_dir": str(output / "rlm_trees"),
-        "task": "toy key lookup (trl_ext.quickstart.toy_task), exact-match reward",
+        "task": "toy key lookup in 2-3 parts (trl_ext.quickstart.toy_task), share of parts right",
         "eval_samples": settings.eval_samples,
         "sandbox": trainer.sandbox_info,
     }
     return result
-
-
-def _cold_start_sft(model: Any, tokenizer: Any, rows: Any, settings: QuickstartSettings, folder: Path, progress: bool):
-    """Full fine-tuning of ``model`` on the teacher's SFT ``rows`` with TRL's `SFTTrainer`; the trained model in eval
-    mode."""
-    from trl import SFTConfig, SFTTrainer
-
-    args = SFTConfig(
-        output_dir=str(folder),
-        num_train_epochs=settings.sft_epochs,
-        learning_rate=settings.sft_learning_rate,
-        lr_scheduler_type="cosine",
-        per_device_train_batch_size=settings.sft_batch_size,
-        max_length=1024,
-        activation_checkpointing=False,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=10,
-        seed=settings.seed,
-        disable_tqdm=not progress,
-    )
-    trainer = SFTTrainer(model, train_dataset=rows, processing_class=tokenizer, args=args)
-    quiet_progress(trainer)
-    trainer.train()
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    model.eval()
-    return model

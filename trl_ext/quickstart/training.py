@@ -1,4 +1,5 @@
-"""What every quickstart trainer run shares: the trainer's progress bar without its log printing
+"""What every quickstart trainer run shares: cold-start SFT with TRL's `SFTTrainer` (`cold_start_sft`), a trained
+policy copied for a second RL run (`fresh_copy`), the trainer's progress bar without its log printing
 (`quiet_progress`), the adapter and trainer state saved in the output directory (`save_adapter_and_state`), the
 metrics plot (`save_plot`), and a miniature run trained (`train_miniature`), saved and read back as a
 `QuickstartResult` (`save_miniature_run`).
@@ -16,6 +17,63 @@ from .report import QuickstartResult, result_from_history
 from .settings import MINIATURE_LORA, QuickstartSettings
 
 ADAPTER_DIR = "adapter"
+
+
+def cold_start_sft(
+    model: Any,
+    tokenizer: Any,
+    rows: Any,
+    folder: Path,
+    *,
+    epochs: float,
+    learning_rate: float,
+    batch_size: int,
+    seed: int,
+    progress: bool,
+    scheduler: str = "cosine",
+    max_length: int = 1024,
+) -> Any:
+    """Full fine-tuning of ``model`` on prompt/completion ``rows`` with TRL's `SFTTrainer` on the CPU (the loss on
+    the completions only); the trained model, in eval mode."""
+    from trl import SFTConfig, SFTTrainer
+
+    args = SFTConfig(
+        output_dir=str(folder),
+        num_train_epochs=epochs,
+        learning_rate=learning_rate,
+        lr_scheduler_type=scheduler,
+        per_device_train_batch_size=batch_size,
+        max_length=max_length,
+        activation_checkpointing=False,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=10,
+        seed=seed,
+        disable_tqdm=not progress,
+    )
+    rows = rows.select_columns(["prompt", "completion"])
+    trainer = SFTTrainer(model, train_dataset=rows, processing_class=tokenizer, args=args)
+    quiet_progress(trainer)
+    trainer.train()
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    model.eval()
+    return model
+
+
+def fresh_copy(model: Any) -> Any:
+    """A new model of ``model``'s class and config with its weights and generation config, in eval mode, for a second
+    RL run from the same policy. Not `copy.deepcopy`: after a `Trainer` has run it, Accelerate has set the model's
+    ``forward`` as an instance attribute bound to that very model, so a deep copy would keep running the original's
+    forward (and a LoRA adapter injected into the copy would never be used)."""
+    import copy
+
+    clone = type(model)(copy.deepcopy(model.config))
+    clone.load_state_dict(model.state_dict())
+    clone.generation_config = copy.deepcopy(model.generation_config)
+    clone.eval()
+    return clone
 
 
 def quiet_progress(trainer: Any) -> None:

@@ -136,7 +136,9 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
     `trl_ext.rlm.Generator`; by default the trainer's model is used through transformers, or TRL's vLLM
     (colocate or server) when ``use_vllm=True``.
 
-    Metrics: ``rlm/turns_mean`` (turns per node), ``rlm/children_mean`` (children per root), ``rlm/depth_max``,
+    Metrics: ``rlm/turns_mean`` (turns per node), ``rlm/children_mean`` (children per root),
+    ``rlm/child_answer_rate`` (the share of children that gave a final answer; steps without children log none),
+    ``rlm/depth_max``,
     ``rlm/rows_per_root``, ``rlm/final_answer_rate``, ``repl/error_rate``, ``repl/timeout_rate``, ``repl/crash_rate``,
     ``repl/truncated_answers`` (final answers cut to ``repl_max_answer_chars``),
     ``rlm/padding_rows``.
@@ -353,6 +355,7 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
                 nodes,
                 sum(len(node.turns) for tree in trees for node in tree.nodes),
                 nodes - len(trees),
+                sum(node.final_answer is not None for tree in trees for node in tree.nodes[1:]),
                 sum(tree.final_answer is not None for tree in trees),
                 num_rows,
                 stats.repl_cells,
@@ -364,13 +367,26 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
             dtype=torch.float64,
             device=self.accelerator.device,
         )
-        roots, nodes, turns, children, answered, rows, cells, errors, timeouts, crashes, truncated = (
-            self.accelerator.gather(local.unsqueeze(0)).sum(0).tolist()
-        )
+        (
+            roots,
+            nodes,
+            turns,
+            children,
+            children_answered,
+            answered,
+            rows,
+            cells,
+            errors,
+            timeouts,
+            crashes,
+            truncated,
+        ) = self.accelerator.gather(local.unsqueeze(0)).sum(0).tolist()
         depth = torch.tensor(max(node.depth for tree in trees for node in tree.nodes), device=local.device)
         metrics = self._metrics[mode]
         metrics["rlm/turns_mean"].append(turns / nodes)
         metrics["rlm/children_mean"].append(children / roots)
+        if children:  # logged on the steps that started children (no value rather than a made-up one)
+            metrics["rlm/child_answer_rate"].append(children_answered / children)
         metrics["rlm/depth_max"].append(float(self.accelerator.gather(depth).max().item()))
         metrics["rlm/rows_per_root"].append(rows / roots)
         metrics["rlm/final_answer_rate"].append(answered / roots)
