@@ -1,34 +1,188 @@
-"""The judge-credit miniature (``--method judge-credit``): `JudgeCreditTrainer` on one-digit additions, its span
-judge a script (`ScriptedSpanJudge`) behind a `ScriptedChatServer` on 127.0.0.1, the outcome reward a toy verifier
-(`last_number_reward`). It shows the trainer, the monitors and the outputs working end to end; it is not expected to
-learn anything in a few steps.
+"""The judge-credit miniature (``--method judge-credit``): `JudgeCreditTrainer` learning a digit-copy task whose
+outcome reward is sparse and whose judge points at the digit that went wrong.
+
+**Task** (`copy_task_splits`): the prompt ``"Copy: 4 7 2 9 1 ="``, the answer ``"47291"`` (one token per digit with
+the tiny tokenizer, except its few merges such as ``10`` and ``100``, which the judge grades as one segment). The outcome reward (`copy_exact_match_reward`) is exact match: one wrong digit and the whole
+rollout scores 0, so a group whose rollouts all miss carries no outcome signal at all.
+
+**Judge** (`ScriptedSpanJudge`, behind a `ScriptedChatServer` on 127.0.0.1): it reads the marked trace and the
+REFERENCE ANSWER block of the request the trainer sends it (never the trainer's state), lines the trace's digits up
+with the reference, and marks each right digit ``key_progress``, the first wrong one ``original_error`` and the wrong
+ones after it ``dependent_error``: the per-token signal the outcome reward lacks. Per-digit accuracy is logged as a
+second reward function with weight 0 (``rewards/copy_digit_accuracy_reward/mean``), never trained on.
+
+**The run** (`run_judge_credit`): seeded train / held-out splits (disjoint); a brief cold-start SFT of a tiny
+Qwen2-architecture model so that it copies many digits right but fewer whole answers; the held-out exact match and
+per-digit accuracy of that policy (greedy); `JudgeCreditTrainer` (LoRA, IPO loss, λ = ``judge_lambda``); the held-out
+figures again; and, in the default run, the same RL stage from the same SFT model with the judge's credit off
+(``judge_lambda=0``: the judge still runs and is audited, the advantages are outcome-only). `judge_credit_ablation`
+runs that comparison over seeds and λ (``benchmarks/judge_credit_ablation.py``). Knobs: `JudgeCreditSettings`.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .report import QuickstartResult, history_mean
-from .settings import QuickstartSettings, miniature_run_kwargs
-from .training import save_miniature_run, train_miniature
+from .settings import QuickstartSettings, cpu_run_kwargs
+from .training import cold_start_sft, fresh_copy, quiet_progress, save_miniature_run
 
-_ARITHMETIC = [(a, b) for a in range(1, 10) for b in range(1, 10)]
+JUDGE_MODEL = "scripted-digit-judge"
 
 
-def _arithmetic_dataset(num: int, seed: int) -> Any:
-    import random
+# ----------------------------------------------------------------------------------------------------------------
+# Knobs
+# ----------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JudgeCreditSettings:
+    """Every knob of the judge-credit miniature; `default` and `fast` (CI) take the seed of the quickstart's settings.
 
+    Task: ``digits`` per answer; ``num_sft_examples`` for cold-start SFT, ``num_rl_examples`` RL prompts,
+    ``num_eval_examples`` held-out prompts (all three disjoint).
+    Policy: the tiny Qwen2 model of `trl_ext.testing` with ``hidden_size`` and ``num_hidden_layers``.
+    SFT: full fine-tuning for ``sft_epochs`` at ``sft_learning_rate`` (brief on purpose: held-out per-digit accuracy
+    0.5-0.9 and exact match 0.05-0.5 after it, depending on the seed).
+    RL: ``rl_steps`` optimizer steps of ``prompts_per_step`` prompts x ``num_generations`` rollouts, each generation
+    used ``num_iterations`` times (the later passes off-policy, where the IPO mask acts); LoRA ``lora_r`` /
+    ``lora_alpha``; sampling ``temperature``.
+    Judge: ``judge_lambda`` of the trained run (1.0: on seeds 0-2 it beat outcome-only on held-out exact match every
+    time, 0.25 tied once; benchmarks/RESULTS.md), ``marker_every`` (1: every digit has its marker), the scripted
+    judge's confidences (`ScriptedSpanJudge`): ``judge_error_confidence`` is low on purpose, because a wrong digit's
+    negative credit also raises the end-of-sequence token, which the judge never sees (with confidence 1 the policy
+    learned to answer nothing within 20 steps), and ``compare_outcome_only``: also train the outcome-only run
+    (λ = 0, the judge in shadow mode) from the same SFT model and report both.
+    """
+
+    seed: int = 0
+    digits: int = 5
+    num_sft_examples: int = 96
+    num_rl_examples: int = 512
+    num_eval_examples: int = 256
+    hidden_size: int = 32
+    num_hidden_layers: int = 2
+    sft_epochs: float = 24.0
+    sft_learning_rate: float = 3e-3
+    sft_batch_size: int = 8
+    rl_steps: int = 100
+    rl_learning_rate: float = 3e-3
+    prompts_per_step: int = 8
+    num_generations: int = 8
+    num_iterations: int = 2
+    lora_r: int = 8
+    lora_alpha: int = 16
+    temperature: float = 0.7
+    judge_lambda: float = 1.0
+    marker_every: int = 1
+    judge_progress_confidence: float = 1.0
+    judge_error_confidence: float = 0.1
+    judge_overrun_confidence: float = 1.0
+    judge_later_errors: bool = True
+    compare_outcome_only: bool = True
+
+    @classmethod
+    def default(cls, seed: int = 0) -> JudgeCreditSettings:
+        return cls(seed=seed)
+
+    @classmethod
+    def fast(cls, seed: int = 0) -> JudgeCreditSettings:
+        """Every stage scaled down to a few seconds (CI: 2 RL steps, no outcome-only run; it does not learn)."""
+        return cls(
+            seed=seed,
+            num_rl_examples=64,
+            num_eval_examples=32,
+            sft_epochs=8.0,
+            rl_steps=2,
+            prompts_per_step=2,
+            num_generations=4,
+            compare_outcome_only=False,
+        )
+
+    @classmethod
+    def from_quickstart(cls, settings: QuickstartSettings, fast: bool) -> JudgeCreditSettings:
+        return cls.fast(settings.seed) if fast else cls.default(settings.seed)
+
+    def validate(self) -> None:
+        for name in ("digits", "num_sft_examples", "num_rl_examples", "num_eval_examples", "rl_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+        if self.num_generations < 2:
+            raise ValueError(
+                f"num_generations must be >= 2 (group advantages need a group), got {self.num_generations}."
+            )
+        if not self.judge_lambda >= 0:
+            raise ValueError(f"judge_lambda must be >= 0, got {self.judge_lambda!r}.")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The task
+# ----------------------------------------------------------------------------------------------------------------
+def copy_prompt(answer: str) -> str:
+    """``"47291"`` -> ``"Copy: 4 7 2 9 1 ="`` (the policy answers ``47291``)."""
+    return f"Copy: {' '.join(answer)} ="
+
+
+def _digit_strings(count: int, digits: int, rng: random.Random, exclude: set[str]) -> list[str]:
+    if count > 10**digits - len(exclude):
+        raise ValueError(f"Cannot draw {count} distinct {digits}-digit strings outside the {len(exclude)} excluded.")
+    drawn: list[str] = []
+    seen = set(exclude)
+    while len(drawn) < count:
+        answer = "".join(rng.choice("0123456789") for _ in range(digits))
+        if answer not in seen:
+            seen.add(answer)
+            drawn.append(answer)
+    return drawn
+
+
+def copy_task_splits(seed: int, num_sft: int, num_rl: int, num_eval: int, digits: int = 5) -> tuple[Any, Any, Any]:
+    """Seeded SFT, RL and held-out sets of the copy task (columns ``prompt``, ``answer``; SFT also ``completion``),
+    pairwise disjoint in their answers (so in their prompts)."""
     from datasets import Dataset
 
-    rng = random.Random(seed)
-    pairs = [rng.choice(_ARITHMETIC) for _ in range(num)]
-    return Dataset.from_dict(
-        {"prompt": [f"What is {a} + {b}?" for a, b in pairs], "answer": [str(a + b) for a, b in pairs]}
-    )
+    rng = random.Random(f"copy-task-{seed}-{digits}")
+    answers = _digit_strings(num_sft + num_rl + num_eval, digits, rng, set())
+    sft, rl, held_out = answers[:num_sft], answers[num_sft : num_sft + num_rl], answers[num_sft + num_rl :]
+
+    def table(rows: list[str], completion: bool) -> Any:
+        data = {"prompt": [copy_prompt(a) for a in rows], "answer": rows}
+        if completion:
+            data["completion"] = list(rows)
+        return Dataset.from_dict(data)
+
+    return table(sft, True), table(rl, False), table(held_out, False)
+
+
+def _completion_text(completion: Any) -> str:
+    if isinstance(completion, str):
+        return completion
+    return str(completion[-1].get("content", "")) if completion else ""
+
+
+def copy_exact_match_reward(completions: Sequence[Any], answer: Sequence[str], **kwargs: Any) -> list[float]:
+    """The outcome reward: 1.0 when the completion (stripped) is exactly the answer, else 0.0 (one wrong digit: 0)."""
+    return [
+        1.0 if _completion_text(c).strip() == expected else 0.0
+        for c, expected in zip(completions, answer, strict=True)
+    ]
+
+
+def digit_accuracy(completion: str, answer: str) -> float:
+    """The share of the answer's positions where the completion (stripped) has the right digit."""
+    text = completion.strip()
+    return sum(1 for i, digit in enumerate(answer) if i < len(text) and text[i] == digit) / len(answer)
+
+
+def copy_digit_accuracy_reward(completions: Sequence[Any], answer: Sequence[str], **kwargs: Any) -> list[float]:
+    """Per-digit accuracy as a reward function: logged beside the outcome reward with weight 0 (a monitor only)."""
+    return [digit_accuracy(_completion_text(c), expected) for c, expected in zip(completions, answer, strict=True)]
 
 
 _NUMBER = re.compile(r"-?\d+")
@@ -38,78 +192,365 @@ def last_number_reward(completions: Sequence[Any], answer: Sequence[str], **kwar
     """1.0 when the last number in the completion equals ``answer``; 0.1 for any number; else 0 (a toy verifier)."""
     rewards = []
     for completion, expected in zip(completions, answer, strict=True):
-        text = completion if isinstance(completion, str) else str(completion[-1].get("content", ""))
-        numbers = _NUMBER.findall(text)
+        numbers = _NUMBER.findall(_completion_text(completion))
         rewards.append(1.0 if numbers and numbers[-1] == expected else 0.1 if numbers else 0.0)
     return rewards
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# The judge
+# ----------------------------------------------------------------------------------------------------------------
 class ScriptedSpanJudge:
-    """The miniature judge: marks the completion's first line ``key_progress`` when the answer is right and
-    ``original_error`` when it is wrong (confidence 0.8), quoting it. A `ScriptedChatServer` script."""
+    """The miniature's judge, a `ScriptedChatServer` script: from the request alone (the marked TRACE and the
+    REFERENCE ANSWER blocks), the trace's visible characters are lined up with the reference, position by position;
+    each marked segment (the text from one marker ``⟦i⟧`` to the next) gets a span: ``key_progress`` when all its
+    characters match, ``original_error`` for the first segment with a mismatch (a wrong digit, a stray character, a
+    digit past the reference's end), ``dependent_error`` for the later mismatches. Whitespace is skipped; a trace
+    with no reference answer block gets no spans.
+    """
 
-    _TRACE = re.compile(r"<<<(DATA-[0-9a-f]{16}) TRACE\n(.*?)\n\1>>>", re.DOTALL)
+    _BLOCK = re.compile(r"<<<(DATA-[0-9a-f]{16}) ([A-Z ]+)\n(.*?)\n\1>>>", re.DOTALL)
     _MARK = re.compile(r"⟦(\d+)⟧")
 
-    def __call__(self, request: dict[str, Any]) -> str:
+    def __init__(
+        self,
+        progress_confidence: float = 1.0,
+        error_confidence: float = 1.0,
+        overrun_confidence: float = 1.0,
+        later_errors: bool = True,
+    ):
+        self.progress_confidence = progress_confidence
+        self.error_confidence = error_confidence
+        self.overrun_confidence = overrun_confidence
+        self.later_errors = later_errors
+
+    @classmethod
+    def blocks(cls, request: dict[str, Any]) -> dict[str, str]:
+        """The DATA blocks of the request's user messages, by name (``TRACE``, ``REFERENCE ANSWER``, ...)."""
         text = "\n".join(str(m.get("content") or "") for m in request.get("messages", []) if m.get("role") == "user")
-        match = self._TRACE.search(text)
-        if match is None:
-            return json.dumps({"spans": []})
-        marked = match.group(2)
+        return {name: body for _, name, body in cls._BLOCK.findall(text)}
+
+    def spans(self, marked: str, reference: str) -> list[dict[str, Any]]:
+        """The spans for a marked trace against the reference answer."""
         parts = self._MARK.split(marked)
         segments = [(int(parts[i]), parts[i + 1]) for i in range(1, len(parts), 2)]
-        visible = [(start, body) for start, body in segments if body.strip()]
-        if not visible:
+        reference = reference.strip()
+        spans: list[dict[str, Any]] = []
+        position, erred = 0, False
+        for k, (start, body) in enumerate(segments):
+            visible = "".join(body.split())
+            if not visible:
+                continue
+            expected = reference[position : position + len(visible)]
+            position += len(visible)
+            end = segments[k + 1][0] if k + 1 < len(segments) else start + 1
+            if visible == expected:
+                label, confidence = "key_progress", self.progress_confidence
+            elif erred and not self.later_errors:
+                continue
+            else:
+                label = "dependent_error" if erred else "original_error"
+                # past the reference's end a character is surely wrong; a wrong digit inside it, less surely
+                confidence = self.error_confidence if len(expected) == len(visible) else self.overrun_confidence
+                erred = True
+            spans.append({"start": start, "end": end, "label": label, "confidence": confidence, "quote": visible})
+        return spans
+
+    def __call__(self, request: dict[str, Any]) -> str:
+        blocks = self.blocks(request)
+        marked, reference = blocks.get("TRACE"), blocks.get("REFERENCE ANSWER")
+        if marked is None or reference is None:
             return json.dumps({"spans": []})
-        start, body = visible[0]
-        following = [s for s, _ in segments if s > start]
-        end = following[0] if following else start + 1
-        correct = "verdict: correct" in text.lower() or "verifier verdict: 1" in text.lower()
-        label = "key_progress" if correct else "original_error"
-        span = {"start": start, "end": end, "label": label, "confidence": 0.8, "quote": body.strip()}
-        return json.dumps({"spans": [span]})
+        return json.dumps({"spans": self.spans(marked, reference)})
 
 
+def judge_for(js: JudgeCreditSettings) -> ScriptedSpanJudge:
+    return ScriptedSpanJudge(
+        js.judge_progress_confidence, js.judge_error_confidence, js.judge_overrun_confidence, js.judge_later_errors
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Policy, SFT, evaluation
+# ----------------------------------------------------------------------------------------------------------------
+def build_policy(js: JudgeCreditSettings) -> tuple[Any, Any]:
+    from trl_ext.testing import build_tiny_model_and_tokenizer
+
+    return build_tiny_model_and_tokenizer(
+        js.seed,
+        hidden_size=js.hidden_size,
+        intermediate_size=2 * js.hidden_size,
+        num_hidden_layers=js.num_hidden_layers,
+    )
+
+
+def _sft(model: Any, tokenizer: Any, rows: Any, js: JudgeCreditSettings, folder: Path, progress: bool) -> Any:
+    """Brief cold-start SFT on the copy task (constant learning rate, short rows); the model in eval mode."""
+    return cold_start_sft(
+        model,
+        tokenizer,
+        rows,
+        folder,
+        epochs=js.sft_epochs,
+        learning_rate=js.sft_learning_rate,
+        batch_size=js.sft_batch_size,
+        seed=js.seed,
+        progress=progress,
+        scheduler="constant",
+        max_length=64,
+    )
+
+
+def evaluate_copy(model: Any, tokenizer: Any, dataset: Any, digits: int, batch_size: int = 128) -> dict[str, Any]:
+    """Greedy held-out evaluation: exact match and per-digit accuracy over ``dataset`` (deterministic)."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    completions: list[str] = []
+    prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
+    with torch.no_grad():
+        for i in range(0, len(prompts), batch_size):
+            batch = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True)
+            out = model.generate(**batch, max_new_tokens=digits + 2, do_sample=False)
+            new = out[:, batch["input_ids"].shape[1] :]
+            completions.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
+    if was_training:
+        model.train()
+    exact = copy_exact_match_reward(completions, answers)
+    return {
+        "exact_match": sum(exact) / len(exact),
+        "digit_acc": sum(digit_accuracy(c, a) for c, a in zip(completions, answers)) / len(answers),
+        "examples": len(answers),
+        "samples": [{"answer": a, "completion": c} for a, c in list(zip(answers, completions))[:8]],
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# RL
+# ----------------------------------------------------------------------------------------------------------------
+def _rl_config(output: Path, js: JudgeCreditSettings, judge_lambda: float, base_url: str, progress: bool) -> Any:
+    from trl_ext.trainers import JudgeCreditConfig
+
+    rollouts = js.prompts_per_step * js.num_generations
+    return JudgeCreditConfig(
+        **cpu_run_kwargs(output, QuickstartSettings(seed=js.seed), progress),
+        max_steps=js.rl_steps,
+        learning_rate=js.rl_learning_rate,
+        lr_scheduler_type="constant",
+        per_device_train_batch_size=rollouts,
+        num_generations=js.num_generations,
+        num_iterations=js.num_iterations,
+        max_completion_length=js.digits + 2,
+        temperature=js.temperature,
+        judge_base_url=base_url,
+        judge_model=JUDGE_MODEL,
+        judge_tools=[],
+        judge_max_tool_rounds=0,
+        judge_max_retries=0,
+        judge_timeout=10.0,
+        judge_lambda=judge_lambda,
+        judge_verdict_reward="copy_exact_match_reward",
+        marker_every=js.marker_every,
+        reward_weights=[1.0, 0.0],  # per-digit accuracy is logged (rewards/...), never trained on
+    )
+
+
+def train_rl(
+    model: Any,
+    tokenizer: Any,
+    dataset: Any,
+    js: JudgeCreditSettings,
+    judge_lambda: float,
+    output: Path,
+    base_url: str,
+    progress: bool = False,
+    monitors: list[Any] | None = None,
+) -> Any:
+    """`JudgeCreditTrainer` on ``dataset`` from ``model`` (changed in place: LoRA is injected), judge at ``base_url``."""
+    from peft import LoraConfig
+
+    from trl_ext.trainers import JudgeCreditTrainer
+
+    config = _rl_config(output, js, judge_lambda, base_url, progress)
+    trainer = JudgeCreditTrainer(
+        model,
+        [copy_exact_match_reward, copy_digit_accuracy_reward],
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=LoraConfig(r=js.lora_r, lora_alpha=js.lora_alpha, lora_dropout=0.0, target_modules="all-linear"),
+        callbacks=monitors or [],
+    )
+    quiet_progress(trainer)
+    trainer.train()
+    return trainer
+
+
+def _policy(trainer: Any) -> Any:
+    return trainer.accelerator.unwrap_model(trainer.model)
+
+
+def _heldout(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    return {
+        "exact_match_before": before["exact_match"],
+        "exact_match_after": after["exact_match"],
+        "digit_acc_before": before["digit_acc"],
+        "digit_acc_after": after["digit_acc"],
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The quickstart pipeline
+# ----------------------------------------------------------------------------------------------------------------
 def run_judge_credit(
     output: Path, settings: QuickstartSettings, fast: bool, progress: bool, say: Callable[[str], None]
 ) -> QuickstartResult:
-    """The judge-credit miniature in ``output``; ``say`` gets one line per stage."""
+    """The judge-credit miniature in ``output`` (module docstring); ``say`` gets one line per stage."""
     from trl_ext.callbacks import default_monitors
     from trl_ext.recipes import config_summary
-    from trl_ext.testing import build_tiny_model_and_tokenizer
-    from trl_ext.trainers import JudgeCreditConfig, JudgeCreditTrainer
 
     from .scripted_server import ScriptedChatServer
 
-    model, tokenizer = build_tiny_model_and_tokenizer(settings.seed, initializer_range=0.5)
-    dataset = _arithmetic_dataset(64, settings.seed)
-    judge = ScriptedSpanJudge()
-    say("[1/2] scripted span judge on 127.0.0.1 (OpenAI-compatible); tiny policy, arithmetic prompts")
-    with ScriptedChatServer(judge, model="scripted-span-judge") as server:
-        config = JudgeCreditConfig(
-            **miniature_run_kwargs(output, settings, fast, progress),
-            max_completion_length=16,
-            judge_base_url=server.base_url,
-            judge_model="scripted-span-judge",
-            judge_tools=[],
-            judge_max_retries=0,
-            judge_timeout=10.0,
-            judge_lambda=0.25,
-            marker_every=4,
-        )
+    js = JudgeCreditSettings.from_quickstart(settings, fast)
+    js.validate()
+    times: dict[str, float] = {}
+    stages = 5 if js.compare_outcome_only else 4
+
+    tick = time.perf_counter()
+    sft_rows, rl_set, held_out = copy_task_splits(
+        js.seed, js.num_sft_examples, js.num_rl_examples, js.num_eval_examples, js.digits
+    )
+    model, tokenizer = build_policy(js)
+    say(
+        f"[1/{stages}] copy task ({js.digits} digits, exact-match reward): cold-start SFT of a tiny Qwen2 model on "
+        f"{len(sft_rows)} examples ({js.sft_epochs:g} epochs); {len(rl_set)} RL prompts, {len(held_out)} held out"
+    )
+    model = _sft(model, tokenizer, sft_rows, js, output / "sft", progress)
+    times["sft"] = time.perf_counter() - tick
+
+    tick = time.perf_counter()
+    before = evaluate_copy(model, tokenizer, held_out, js.digits)
+    times["eval_before"] = time.perf_counter() - tick
+    say(
+        f"[2/{stages}] held-out (greedy) after SFT: exact match {before['exact_match']:.3f}, "
+        f"per-digit accuracy {before['digit_acc']:.3f}"
+    )
+    baseline_model = fresh_copy(model) if js.compare_outcome_only else None
+
+    judge = judge_for(js)
+    with ScriptedChatServer(judge, model=JUDGE_MODEL) as server:
+        tick = time.perf_counter()
         monitors = default_monitors()
-        say(f"[2/2] JudgeCreditTrainer: {config.max_steps} steps, IPO loss, λ = 0.25, LoRA, default monitors")
-        # inside the `with`: the judge server must be up
-        trainer = train_miniature(JudgeCreditTrainer, model, last_number_reward, config, dataset, tokenizer, monitors)
+        say(
+            f"[3/{stages}] JudgeCreditTrainer: {js.rl_steps} steps, {js.prompts_per_step} prompts x "
+            f"{js.num_generations} rollouts, IPO loss, LoRA, λ = {js.judge_lambda:g}; scripted digit judge on "
+            "127.0.0.1 (OpenAI-compatible)"
+        )
+        trainer = train_rl(model, tokenizer, rl_set, js, js.judge_lambda, output, server.base_url, progress, monitors)
+        times["rl"] = time.perf_counter() - tick
+        judge_requests = len(server.requests)
+        tick = time.perf_counter()
+        after = evaluate_copy(_policy(trainer), tokenizer, held_out, js.digits)
+        times["eval_after"] = time.perf_counter() - tick
+        say(
+            f"[4/{stages}] held-out after RL with judge credit: exact match {before['exact_match']:.3f} -> "
+            f"{after['exact_match']:.3f}, per-digit accuracy {before['digit_acc']:.3f} -> {after['digit_acc']:.3f}"
+        )
+        outcome_only = None
+        if baseline_model is not None:
+            tick = time.perf_counter()
+            baseline = train_rl(
+                baseline_model, tokenizer, rl_set, js, 0.0, output / "outcome_only", server.base_url, progress
+            )
+            baseline_after = evaluate_copy(_policy(baseline), tokenizer, held_out, js.digits)
+            times["outcome_only"] = time.perf_counter() - tick
+            outcome_only = _heldout(before, baseline_after)
+            say(
+                f"[5/{stages}] the same RL, outcome-only (λ = 0): exact match {before['exact_match']:.3f} -> "
+                f"{baseline_after['exact_match']:.3f}, per-digit accuracy {before['digit_acc']:.3f} -> "
+                f"{baseline_after['digit_acc']:.3f}"
+            )
+
     result = save_miniature_run("judge-credit", trainer, monitors, output, settings, fast, say)
     history = trainer.state.log_history
+    result.stage_times_s = {key: round(value, 1) for key, value in times.items()}
     result.extra = {
-        "base_model": "trl_ext.testing.build_tiny_model_and_tokenizer (in memory, not on disk)",
-        "config": config_summary(config),
+        "base_model": "trl_ext.testing.build_tiny_model_and_tokenizer after cold-start SFT (in memory, not on disk)",
+        "task": f"copy {js.digits} digits (trl_ext.quickstart.judge_credit), exact-match reward",
+        "config": config_summary(trainer.args),
+        "judge_credit_settings": asdict(js),
+        "heldout": _heldout(before, after),
+        "heldout_outcome_only": outcome_only,
+        "heldout_samples_after": after["samples"],
         "judge_share_mean": history_mean(history, "judge/share"),
         "judge_failure_ratio_mean": history_mean(history, "judge/failure_ratio"),
-        "judge_requests": len(server.requests),
+        "judge_requests": judge_requests,
         "audit_log": str(output / "judge_audit.jsonl"),
     }
     return result
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The ablation (benchmarks/judge_credit_ablation.py)
+# ----------------------------------------------------------------------------------------------------------------
+def judge_credit_ablation(
+    seeds: Iterable[int] = (0, 1, 2),
+    lambdas: Iterable[float] = (0.0, 0.25),
+    output_root: str | Path = "judge-credit-ablation",
+    settings: JudgeCreditSettings | None = None,
+    log: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Judge credit against outcome-only: per seed one SFT model, then one RL run per λ from a copy of it (λ = 0:
+    outcome-only; same seed, data and SFT start), each evaluated on the held-out set. One row per (seed, λ):
+    ``seed``, ``judge_lambda``, the held-out ``exact_match_before/after`` and ``digit_acc_before/after``,
+    ``rl_wall_s`` (RL and evaluation), ``sft_wall_s``, ``torch_threads``, ``judge_share_mean``."""
+    import torch
+
+    from .scripted_server import ScriptedChatServer
+
+    base = settings or JudgeCreditSettings.default()
+    root = Path(output_root)
+    rows: list[dict[str, Any]] = []
+    say = log or (lambda line: None)
+    with ScriptedChatServer(judge_for(base), model=JUDGE_MODEL) as server:
+        for seed in seeds:
+            js = replace(base, seed=seed)
+            js.validate()
+            tick = time.perf_counter()
+            sft_rows, rl_set, held_out = copy_task_splits(
+                seed, js.num_sft_examples, js.num_rl_examples, js.num_eval_examples, js.digits
+            )
+            model, tokenizer = build_policy(js)
+            model = _sft(model, tokenizer, sft_rows, js, root / f"seed{seed}" / "sft", progress=False)
+            before = evaluate_copy(model, tokenizer, held_out, js.digits)
+            sft_wall = time.perf_counter() - tick
+            for lam in lambdas:
+                tick = time.perf_counter()
+                output = root / f"seed{seed}" / f"lambda{lam:g}"
+                trainer = train_rl(fresh_copy(model), tokenizer, rl_set, js, lam, output, server.base_url)
+                after = evaluate_copy(_policy(trainer), tokenizer, held_out, js.digits)
+                row = {
+                    "seed": seed,
+                    "judge_lambda": lam,
+                    **_heldout(before, after),
+                    "rl_wall_s": time.perf_counter() - tick,
+                    "sft_wall_s": sft_wall,
+                    "torch_threads": torch.get_num_threads(),
+                    "judge_share_mean": history_mean(trainer.state.log_history, "judge/share"),
+                    "reward_mean": history_mean(trainer.state.log_history, "reward"),
+                    "train_digit_acc": [
+                        h["rewards/copy_digit_accuracy_reward/mean"]
+                        for h in trainer.state.log_history
+                        if "rewards/copy_digit_accuracy_reward/mean" in h
+                    ],
+                    "length_last": [h for h in trainer.state.log_history if "completions/mean_length" in h][-1][
+                        "completions/mean_length"
+                    ],
+                }
+                rows.append(row)
+                say(
+                    f"seed {seed} λ={lam:g}: exact {row['exact_match_before']:.3f} -> {row['exact_match_after']:.3f}, "
+                    f"digits {row['digit_acc_before']:.3f} -> {row['digit_acc_after']:.3f} ({row['rl_wall_s']:.0f} s)"
+                )
+    return rows
