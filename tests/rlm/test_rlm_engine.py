@@ -369,3 +369,42 @@ def test_max_batch_wait_stops_a_slow_cell_from_holding_back_the_others():
         ["slow", "fast"]
     )
     assert eager.batch_sizes == [2, 1, 1, 1]  # "fast" went on alone while "slow" slept
+
+
+class RowDraws:
+    """A generator whose completion depends on the row it lands in, as batched sampling does (row i gets the i-th
+    random draw): a child answers with its row number; everything else follows `respond`."""
+
+    def __init__(self, respond: Callable[[str], str]):
+        self.respond = respond
+
+    def generate(self, prompts: Sequence[Sequence[int]]) -> list[Completion]:
+        completions = []
+        for row, prompt in enumerate(prompts):
+            text = TOKENIZER.decode(list(prompt), skip_special_tokens=False)
+            action = f"FINAL(row{row})" if "Task: part" in text else self.respond(text)
+            ids = list(TOKENIZER(action, add_special_tokens=False)["input_ids"]) + [TOKENIZER.eos_token_id]
+            completions.append(Completion(ids, [0.0] * len(ids)))
+        return completions
+
+
+def test_identical_prompts_of_different_nodes_get_the_same_draws_whatever_the_timing():
+    """Children given different contexts of one length have identical prompts (their context is in the REPL, not the
+    prompt), so only their place in the rollouts tells them apart. Roots whose REPL cells take a random time start
+    their children in a different order each run; each child must still get the same row of every batch."""
+    root_action = (
+        "```repl\nimport random, time\ntime.sleep(random.random() / 20)\n"
+        "answer = ','.join(rlm_query_batched(['part'] * 3, [context + str(i) for i in range(3)]))\n```\nFINAL_VAR(answer)"
+    )
+
+    def respond(text: str) -> str:
+        return root_action
+
+    config = RLMScaffoldConfig(max_turns=1, max_depth=1)
+    tasks = [RLMTask("root task", context=str(10 + i)) for i in range(6)]
+    runs = [
+        [tree.final_answer for tree in RLMEngine(RowDraws(respond), TOKENIZER, config).run(tasks)] for _ in range(4)
+    ]
+    assert all(len(set(answer.split(","))) == 3 for answer in runs[0])  # 18 children, one call, 18 distinct rows
+    assert runs[1] == runs[0] and runs[2] == runs[0] and runs[3] == runs[0]
+    assert runs[0][0] == "row0,row1,row2"  # in the order of the rollouts: tree 0's children come first

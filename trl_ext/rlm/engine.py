@@ -168,7 +168,7 @@ class _Scheduler:
         self.max_batch_wait_s = max_batch_wait_s
         self.stats = stats
         self.busy = 0
-        self.pending: list[tuple[list[int], _Join, int]] = []
+        self.pending: list[tuple[list[int], _Join, int, tuple]] = []
         self._oldest_pending = 0.0  # loop time at which the oldest pending request arrived
         self._timer: asyncio.TimerHandle | None = None
         self.in_flight = False
@@ -188,13 +188,14 @@ class _Scheduler:
         self.busy -= 1
         self._maybe_flush()
 
-    def submit(self, prompt_ids: list[int], join: _Join, index: int) -> None:
-        """Queue one generation whose completion becomes part `index` of `join`."""
+    def submit(self, prompt_ids: list[int], join: _Join, index: int, key: tuple) -> None:
+        """Queue one generation whose completion becomes part `index` of `join`. ``key`` is the request's place in
+        the rollouts, independent of timing (`_request_key`): each batch goes to the generator in key order."""
         if self.failure.done():
             raise self.failure.exception()  # type: ignore[misc]
         if not self.pending:
             self._start_waiting()
-        self.pending.append((prompt_ids, join, index))
+        self.pending.append((prompt_ids, join, index, key))
         self._maybe_flush()
 
     def _start_waiting(self) -> None:
@@ -210,10 +211,10 @@ class _Scheduler:
         self.release()
         return await join.future
 
-    async def generate(self, prompts: Sequence[list[int]]) -> list[Completion]:
+    async def generate(self, prompts: Sequence[list[int]], keys: Sequence[tuple]) -> list[Completion]:
         join = _Join(self, len(prompts))
-        for index, prompt_ids in enumerate(prompts):
-            self.submit(prompt_ids, join, index)
+        for index, (prompt_ids, key) in enumerate(zip(prompts, keys, strict=True)):
+            self.submit(prompt_ids, join, index, key)
         return await self.wait(join)
 
     def _maybe_flush(self) -> None:
@@ -227,6 +228,9 @@ class _Scheduler:
         if self.busy > 0 and not full and not overdue:
             return
         size = self.max_batch_size or len(self.pending)
+        # Requests arrive in the order the REPL cells finished, which varies from run to run; the generator gets
+        # them in the order of their place in the rollouts instead, so that the same seed gives the same samples.
+        self.pending.sort(key=lambda request: request[3])
         batch, self.pending = self.pending[:size], self.pending[size:]
         if self.pending:  # the rest of an oversized wave: it has waited already, so it goes next
             self._start_waiting()
@@ -235,10 +239,10 @@ class _Scheduler:
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)
 
-    async def _call(self, batch: list[tuple[list[int], _Join, int]]) -> None:
+    async def _call(self, batch: list[tuple[list[int], _Join, int, tuple]]) -> None:
         started = time.perf_counter()
         try:
-            prompts = [prompt_ids for prompt_ids, _, _ in batch]
+            prompts = [prompt_ids for prompt_ids, _, _, _ in batch]
             completions = await asyncio.get_running_loop().run_in_executor(
                 self._executor, _call_generator, self.generator, prompts
             )
@@ -255,7 +259,7 @@ class _Scheduler:
             if not self.failure.done():
                 self.failure.set_exception(error)
                 self.failure.exception()  # mark retrieved: `arun` re-raises it
-            for _, join, _ in batch:
+            for _, join, _, _ in batch:
                 join.fail(error)
             return
         finally:
@@ -264,7 +268,7 @@ class _Scheduler:
             self.stats.generator_time_s += time.perf_counter() - started
             self.in_flight = False
         self.stats.sequences += len(batch)
-        for (_, join, index), completion in zip(batch, completions):
+        for (_, join, index, _), completion in zip(batch, completions):
             join.set(index, completion)
         self._maybe_flush()
 
@@ -281,6 +285,14 @@ class _Run:
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     closing: set[asyncio.Task[None]] = field(default_factory=set)  # REPLs being closed in the background
     query_calls: dict[tuple[int, int], int] = field(default_factory=dict)  # (id(node), turn) -> calls so far
+    # id(node) -> where it sits in its tree, whatever the timing: () for a root, the parent's path plus
+    # (turn, query call, prompt index) of the call that started it for a child
+    path_of: dict[int, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
+
+    def request_key(self, node: RolloutNode, turn_index: int, request_index: int = -1, offset: int = 0) -> tuple:
+        """A generation request's place in the rollouts, independent of timing: the tree, the node's path, the turn,
+        and for a plain completion its query call and prompt (a turn's own action first)."""
+        return (self.tree_of[id(node)], self.path_of[id(node)], turn_index, request_index, offset)
 
     def next_request_index(self, node: RolloutNode, turn_index: int) -> int:
         """Index of a node turn's next query call (calls of one index were generated together)."""
@@ -293,6 +305,7 @@ class _Run:
         node = RolloutNode(id=len(nodes), **fields)
         nodes.append(node)
         self.tree_of[id(node)] = tree
+        self.path_of[id(node)] = ()
         self.stats.nodes += 1
         return node
 
@@ -411,7 +424,7 @@ class RLMEngine:
                     node.end_reason = "prompt_too_long"
                     break
 
-                [completion] = await run.scheduler.generate([prompt_ids])
+                [completion] = await run.scheduler.generate([prompt_ids], [run.request_key(node, turn_index)])
                 action = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
                 turn = Turn(
                     prompt_ids, completion.token_ids, completion.logprobs, action, code=find_code_block(action)
@@ -539,7 +552,8 @@ class RLMEngine:
             context = request.contexts[index] if request.contexts is not None else None
             self._spawn_child(run, node, turn_index, request_index, prompts[index], context, join, index)
         for offset, ids in enumerate(llm_prompt_ids):
-            run.scheduler.submit(ids, join, num_children + offset)
+            key = run.request_key(node, turn_index, request_index, num_children + offset)
+            run.scheduler.submit(ids, join, num_children + offset, key)
         stats.llm_queries += len(llm_prompts)
         results = await run.scheduler.wait(join)
 
@@ -577,6 +591,7 @@ class RLMEngine:
             context_description=describe_context(context),
             spawned_at=(turn_index, request_index),
         )
+        run.path_of[id(child)] = run.path_of[id(parent)] + ((turn_index, request_index, index),)
         parent.children.append(child.id)
         parent.turns[turn_index].children.append(child.id)
         run.stats.children += 1

@@ -472,11 +472,13 @@ class VLLMServerGenerator:
 class CanonicalOrderGenerator:
     """Wraps a `Generator` so that a batch's samples do not depend on the order its requests arrived in.
 
-    `RLMEngine` queues a wave's requests in the order the nodes finished their REPL cells, which varies from run to
-    run; batched sampling gives row i the i-th random draw, so the same seed would give different rollouts. Sorting
-    each call's prompts first makes the (prompt, completion) pairs of a wave a function of the seed alone. Nodes with
-    identical prompts are interchangeable (same history, same REPL state), but which of them gets which completion
-    can still vary: `trl_ext.rlm.canonical_rollout_order` puts the rollouts of each example in a canonical order.
+    Batched sampling gives row i the i-th random draw, so the same seed gives the same rollouts only if every request
+    lands in the same row. `RLMEngine` already hands each call its requests in the order of their place in the
+    rollouts (tree, node path, turn), not in the order the REPL cells finished; this wrapper also sorts a call's
+    prompts (a stable sort: identical prompts keep the engine's order), so a caller that passes prompts in any order
+    gets the same (prompt, completion) pairs. Identical prompts need that tie-break: two children given different
+    contexts of one length see the same prompt (the context is in their REPL, not in the prompt) but are not
+    interchangeable. `trl_ext.rlm.canonical_rollout_order` puts the rollouts of each example in a canonical order.
     """
 
     def __init__(self, inner: Generator):
