@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .report import QuickstartResult, history_mean
-from .settings import QuickstartSettings, cpu_run_kwargs
+from .settings import QuickstartSettings, check_counts, cpu_run_kwargs
 from .training import cold_start_sft, fresh_copy, quiet_progress, save_miniature_run
 
 JUDGE_MODEL = "scripted-digit-judge"
@@ -109,14 +109,7 @@ class JudgeCreditSettings:
         return cls.fast(settings.seed) if fast else cls.default(settings.seed)
 
     def validate(self) -> None:
-        for name in ("digits", "num_sft_examples", "num_rl_examples", "num_eval_examples", "rl_steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
-        if self.num_generations < 2:
-            raise ValueError(
-                f"num_generations must be >= 2 (group advantages need a group), got {self.num_generations}."
-            )
+        check_counts(self, ("digits", "num_sft_examples", "num_rl_examples", "num_eval_examples", "rl_steps"))
         if not self.judge_lambda >= 0:
             raise ValueError(f"judge_lambda must be >= 0, got {self.judge_lambda!r}.")
 

@@ -83,24 +83,20 @@ class QuickstartSettings:
         )
 
     def validate(self) -> None:
-        for name in (
-            "num_sft_examples",
-            "num_rl_examples",
-            "num_eval_examples",
-            "eval_samples",
-            "rl_steps",
-            "prompts_per_step",
-            "num_iterations",
-            "rl_micro_batches",
-            "max_turns",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
-        if self.num_generations < 2:
-            raise ValueError(
-                f"num_generations must be >= 2 (group advantages need a group), got {self.num_generations}."
-            )
+        check_counts(
+            self,
+            (
+                "num_sft_examples",
+                "num_rl_examples",
+                "num_eval_examples",
+                "eval_samples",
+                "rl_steps",
+                "prompts_per_step",
+                "num_iterations",
+                "rl_micro_batches",
+                "max_turns",
+            ),
+        )
         rollouts = self.prompts_per_step * self.num_generations
         if rollouts % self.rl_micro_batches:
             raise ValueError(
@@ -113,6 +109,18 @@ class QuickstartSettings:
 
 # Children a root may start: one per part (at most 3), with room for one more.
 TOY_MAX_CHILDREN = 4
+
+
+def check_counts(settings: Any, names: tuple[str, ...]) -> None:
+    """The checks every quickstart's settings share: each of ``names`` an int >= 1, and ``num_generations`` >= 2."""
+    for name in names:
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+    if settings.num_generations < 2:
+        raise ValueError(
+            f"num_generations must be >= 2 (group advantages need a group), got {settings.num_generations}."
+        )
 
 
 def _toy_scaffold(settings: QuickstartSettings) -> dict[str, Any]:
