@@ -272,13 +272,15 @@ def test_fast_variants_run_and_report(method, tmp_path):
         assert result.extra["malformed_ratio_mean"] is not None
 
 
-# The bounds the default run must meet on any machine of the CI kind, from benchmarks/quickstart_spread.py and
-# benchmarks/quickstart_ablations.py (seeds, CPU kernels that round differently as another CPU does, thread counts;
-# the tables are in benchmarks/RESULTS.md): each bound is at most half the smallest change measured, so a run on
-# another machine, which lands elsewhere in the measured range, still passes; the README states the measured ranges.
-CI_GAIN_BOUND = 0.15  # held-out reward, after RL minus SFT only
-CI_CHILDREN_GAIN_BOUND = 0.15  # children per root, after RL minus SFT only
-CI_CHILD_CORRECT_BOUND = 0.15  # share of children answering their part right, after RL minus SFT only
+# The bounds the default run must meet on any machine of the CI kind. Measured (benchmarks/RESULTS.md): seeds 0-2
+# with torch's native CPU kernels (benchmarks/quickstart_ablations.py, the default arm) and seeds 0-1 with the
+# portable scalar ones, which round differently as another CPU does (benchmarks/quickstart_spread.py): held-out
+# gain +0.14 to +0.44, children per root +0.42 to +0.83, children answering right +8 to +43 points. Each bound is
+# half the smallest change measured, so a machine that lands elsewhere in that range still passes; the README states
+# the ranges.
+CI_GAIN_BOUND = 0.07  # held-out reward, after RL minus SFT only
+CI_CHILDREN_GAIN_BOUND = 0.2  # children per root, after RL minus SFT only
+CI_CHILD_CORRECT_BOUND = 0.04  # share of children answering their part right, after RL minus SFT only
 
 
 @pytest.mark.slow
