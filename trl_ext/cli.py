@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     quickstart.add_argument("--fast", action="store_true", help="a scaled-down run for CI (well under a minute)")
     quickstart.add_argument(
-        "--steps", type=_positive_int, default=None, help="RL optimizer steps (default: 40; --fast: 4)"
+        "--steps", type=_positive_int, default=None, help="RL optimizer steps (default: 28; --fast: 4)"
     )
     quickstart.add_argument("--seed", type=_seed, default=0, help="seeds data, model, SFT, RL and evaluation")
     quickstart.add_argument("--no-progress", action="store_true", help="no progress bars")
