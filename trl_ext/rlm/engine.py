@@ -190,7 +190,7 @@ class _Scheduler:
 
     def submit(self, prompt_ids: list[int], join: _Join, index: int, key: tuple) -> None:
         """Queue one generation whose completion becomes part `index` of `join`. ``key`` is the request's place in
-        the rollouts, independent of timing (`_request_key`): each batch goes to the generator in key order."""
+        the rollouts, independent of timing (`_Run.request_key`): each batch goes to the generator in key order."""
         if self.failure.done():
             raise self.failure.exception()  # type: ignore[misc]
         if not self.pending:
