@@ -99,11 +99,11 @@ def evaluate_policy(
     rewards = parts_reward([tree.final_answer or "" for tree in trees], answers)
     rewards = [r if tree.final_answer is not None else 0.0 for r, tree in zip(rewards, trees)]
     strategies = Counter(classify_root(tree) for tree in trees)
-    children = [
-        (tree.nodes[child], expected_parts(answer)[index] if index < len(expected_parts(answer)) else None)
-        for tree, answer in zip(trees, answers)
-        for index, child in enumerate(tree.root.children)
-    ]
+    children = []  # (child node, the value of the part it is held to)
+    for tree, answer in zip(trees, answers):
+        values = expected_parts(answer)
+        for index, child in enumerate(tree.root.children):
+            children.append((tree.nodes[child], values[index] if index < len(values) else None))
     child_strategies = Counter(classify_child(node) for node, _ in children)
     if trees_file is not None:
         trees_file.parent.mkdir(parents=True, exist_ok=True)
