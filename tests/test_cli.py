@@ -192,7 +192,10 @@ def test_quickstart_fast_end_to_end(tmp_path, capsys):
         "[4/6] held-out reward",
         "[5/6] StepwiseRLMTrainer",
         "[6/6] held-out reward after RL",
-        "held-out reward (exact match)",
+        "held-out reward (share of parts right)",
+        "root delegates to children",
+        "children per root",
+        "children that answer right",
         "IPO masked ratio",
         "monitor alerts:",
         "LoRA adapter",
@@ -223,6 +226,8 @@ def test_quickstart_fast_end_to_end(tmp_path, capsys):
         assert 0.0 <= info["metrics"][key] <= 1.0
     adapter = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert adapter["r"] == 16 and adapter["peft_type"] == "LORA"
+    history = json.loads((tmp_path / "trainer_state.json").read_text())["log_history"]
+    assert any("rlm/children_mean" in h for h in history)  # the stepwise trainer logged its tree statistics
 
 
 def test_readme_set_up_commands_are_what_ci_runs():
