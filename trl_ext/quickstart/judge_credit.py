@@ -327,7 +327,7 @@ def _rl_config(output: Path, js: JudgeCreditSettings, judge_lambda: float, base_
 
     rollouts = js.prompts_per_step * js.num_generations
     return JudgeCreditConfig(
-        **cpu_run_kwargs(output, QuickstartSettings(seed=js.seed), progress),
+        **cpu_run_kwargs(output, js.seed, progress),
         max_steps=js.rl_steps,
         learning_rate=js.rl_learning_rate,
         lr_scheduler_type="constant",

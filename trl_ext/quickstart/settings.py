@@ -155,7 +155,7 @@ def toy_rl_config_kwargs(settings: QuickstartSettings, output: Path, progress: b
     from .toy_task import TOY_OUTPUT_CHARS
 
     return dict(
-        **cpu_run_kwargs(output, settings, progress),
+        **cpu_run_kwargs(output, settings.seed, progress),
         activation_checkpointing=False,  # a tiny model on the CPU: recomputing activations only costs time
         loss_type=settings.loss_type,
         rlm_loss_normalization=settings.rlm_loss_normalization,
@@ -176,15 +176,15 @@ def toy_rl_config_kwargs(settings: QuickstartSettings, output: Path, progress: b
     )
 
 
-def cpu_run_kwargs(output: Path, settings: QuickstartSettings, progress: bool) -> dict[str, Any]:
-    """Config fields every quickstart trainer shares: the CPU, no tracker, the seed, a log line per step, no
+def cpu_run_kwargs(output: Path, seed: int, progress: bool) -> dict[str, Any]:
+    """Config fields every quickstart trainer shares: the CPU, no tracker, ``seed``, a log line per step, no
     checkpoints (the adapter is saved at the end), bars only with ``progress``."""
     return dict(
         output_dir=str(output),
         use_cpu=True,
         bf16=False,
         report_to="none",
-        seed=settings.seed,
+        seed=seed,
         logging_steps=1,
         save_strategy="no",
         disable_tqdm=not progress,
@@ -198,7 +198,7 @@ def miniature_run_kwargs(output: Path, settings: QuickstartSettings, fast: bool,
     """The judge-credit and RLMT miniatures' shared settings: at most 8 steps (2 with ``fast``), 2 prompts x 4
     completions per step, each batch used twice."""
     return dict(
-        **cpu_run_kwargs(output, settings, progress),
+        **cpu_run_kwargs(output, settings.seed, progress),
         max_steps=min(2 if fast else settings.rl_steps, 8),
         learning_rate=5e-3,
         per_device_train_batch_size=8,
