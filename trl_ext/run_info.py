@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .jsonl import write_json_atomic
+
 __all__ = [
     "RUN_INFO_FILE",
     "RunInfo",
@@ -131,10 +133,12 @@ class RunInfo:
 
 
 def write_run_info(output_dir: str | os.PathLike[str], info: RunInfo) -> Path:
-    """Write ``OUTPUT_DIR/trl_ext_run.json``; returns its path."""
-    path = Path(output_dir) / RUN_INFO_FILE
-    path.write_text(info.to_json(), encoding="utf-8")
-    return path
+    """Write ``OUTPUT_DIR/trl_ext_run.json`` atomically (`trl_ext.jsonl.write_json_atomic`); returns its path.
+
+    Raises:
+        OSError: the file could not be written (e.g. disk full); a previous run file is left as it was.
+    """
+    return write_json_atomic(Path(output_dir) / RUN_INFO_FILE, info.to_json())
 
 
 def read_run_info(path: str | os.PathLike[str]) -> RunInfo:

@@ -8,11 +8,11 @@ Never the API key, never the full prompt (the hash identifies it; the completion
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import threading
 from collections.abc import Iterable
 from typing import Any
+
+from ..jsonl import append_jsonl, read_jsonl
 
 
 def text_hash(text: str) -> str:
@@ -21,7 +21,8 @@ def text_hash(text: str) -> str:
 
 
 class JudgeAuditLog:
-    """Appends JSON records to ``path`` (one per line); thread-safe; creates the folder.
+    """Appends JSON records to ``path`` (one per line); thread-safe; creates the folder; a failed write leaves the
+    file valid JSON lines (`trl_ext.jsonl`).
 
     Args:
         path: the ``.jsonl`` file, e.g. ``<output_dir>/judge_audit.jsonl``.
@@ -29,22 +30,18 @@ class JudgeAuditLog:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = os.fspath(path)
-        self._lock = threading.Lock()
 
     def write(self, records: Iterable[dict[str, Any]]) -> None:
-        lines = [json.dumps(record, ensure_ascii=False, default=str) for record in records]
-        if not lines:
-            return
-        with self._lock:
-            folder = os.path.dirname(self.path)
-            if folder:
-                os.makedirs(folder, exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as handle:
-                handle.write("\n".join(lines) + "\n")
+        """Append ``records``, all or none (`trl_ext.jsonl.append_jsonl`: a torn line left by an earlier failed
+        write is cut away first).
+
+        Raises:
+            OSError: the write failed (e.g. disk full); the log holds exactly its records before the call.
+        """
+        records = list(records)
+        if records:
+            append_jsonl(self.path, records)  # locks per file: threads may share the log
 
     def read(self) -> list[dict[str, Any]]:
-        """All records written so far (for tests and notebooks)."""
-        if not os.path.exists(self.path):
-            return []
-        with open(self.path, encoding="utf-8") as handle:
-            return [json.loads(line) for line in handle if line.strip()]
+        """All records written so far (for tests and notebooks); a torn line is skipped with a warning."""
+        return read_jsonl(self.path)

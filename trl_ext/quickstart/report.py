@@ -13,8 +13,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trl_ext.hub import RUN_INFO_FILE
-
 from .evaluation import EvalResult
 from .settings import QuickstartSettings
 
@@ -60,9 +58,9 @@ _METHOD_TRAINERS = {
 def write_run_info(output_dir: Path, result: QuickstartResult, settings: QuickstartSettings) -> Path:
     """``trl_ext_run.json`` (`trl_ext.run_info.RunInfo`, read by ``trl-ext push``); ``extra`` holds the settings
     (``settings``) and the whole `QuickstartResult` (``result``)."""
-    from trl_ext.run_info import RunInfo
+    from trl_ext import run_info
 
-    info = RunInfo(
+    info = run_info.RunInfo(
         source="trl-ext quickstart",
         method=result.method,
         trainer=_METHOD_TRAINERS[result.method],
@@ -76,9 +74,7 @@ def write_run_info(output_dir: Path, result: QuickstartResult, settings: Quickst
         sandbox=result.extra.get("sandbox"),
         extra={"settings": asdict(settings), "result": result.to_dict()},
     )
-    path = output_dir / RUN_INFO_FILE
-    path.write_text(info.to_json(), encoding="utf-8")
-    return path
+    return run_info.write_run_info(output_dir, info)  # atomic: a failed write leaves no torn file
 
 
 def _final_metrics(result: QuickstartResult) -> dict[str, Any]:
