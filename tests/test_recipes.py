@@ -264,6 +264,28 @@ def test_train_command_runs_a_stepwise_recipe_end_to_end(tiny, tmp_path, monkeyp
 
 
 @pytest.mark.slow
+def test_train_command_resumes_from_the_latest_complete_checkpoint(tiny, tmp_path, caplog):
+    """`--resume_from_checkpoint true` takes the latest complete checkpoint (a half-written one after it is skipped)
+    and redoes the steps after it without keeping their rollout trees twice."""
+    from trl_ext.cli import main
+
+    output = tmp_path / "run"
+    fields = toy_stepwise_recipe(tiny, output, push_to_hub=False, save_strategy="steps", save_steps=1, max_steps=1)
+    recipe = write_recipe(tmp_path / "toy.yaml", **fields)
+    assert main(["train", str(recipe)]) == 0
+    (output / "checkpoint-2").mkdir()  # what a kill while saving step 2 leaves: no trainer_state.json
+    (output / "rlm_trees" / "train-step000001-rank0.jsonl").write_text('{"a stale": "tree"}\n')  # a killed step 2
+    with caplog.at_level("WARNING", logger="trl_ext.checkpoints"):
+        assert main(["train", str(recipe), "--max_steps", "2", "--resume_from_checkpoint", "true"]) == 0
+    assert "Skipping the incomplete checkpoint" in caplog.text and "checkpoint-2" in caplog.text
+    info = json.loads((output / "trl_ext_run.json").read_text())
+    assert info["steps"] == 2
+    trees = sorted((output / "rlm_trees").glob("*.jsonl"))
+    assert [path.name for path in trees] == ["train-step000000-rank0.jsonl", "train-step000001-rank0.jsonl"]
+    assert all(len(path.read_text().splitlines()) == 8 for path in trees)  # 8 roots a step, none twice
+
+
+@pytest.mark.slow
 def test_train_command_runs_in_two_processes(tiny, tmp_path):
     """`trl-ext train` as `accelerate launch -m trl_ext.cli train` runs it on GPUs: one process per device, started by
     torch's launcher (what `accelerate launch --multi_gpu` wraps; Accelerate reads the same environment). Here two

@@ -458,7 +458,10 @@ def train_from_recipe(recipe: Recipe, **build_kwargs: Any) -> Any:
         push_repo = args.hub_model_id or Path(args.output_dir).name
         args.push_to_hub = False
     trainer = build_trainer(recipe, **build_kwargs)
-    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    resume = args.resume_from_checkpoint
+    if isinstance(resume, str) and resume.lower() in ("true", "latest"):  # the command line gives strings
+        resume = True  # the latest complete checkpoint of output_dir (ExtGRPOTrainer.train)
+    trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(args.output_dir)
     trainer.save_state()
     if trainer.accelerator.is_main_process:

@@ -26,6 +26,7 @@ import torch
 from trl import GRPOConfig
 from trl.trainer.utils import nanmax, nanmin
 
+from ..checkpoints import checkpoint_step, required_checkpoint_files, resolve_resume_checkpoint
 from ..hub import METHODS
 from ..losses import LOSSES, LossSpec, get_loss, sampling_mismatch
 from ..packing import Packing, group_micro_batches, pack_rows, packed_logps_and_entropies, rows_from_padded
@@ -99,6 +100,14 @@ class ExtGRPOConfig(GRPOConfig):
             Token budget of one packed row (a row longer than this gets a packed row of its own). Without
             gradients, packed rows run in forwards of at most this many tokens.
 
+        > Prompts
+
+        max_prompt_length (`int` or `None`, *optional*, defaults to `None`):
+            Longest tokenized prompt. A longer one is cut from the left (its end, where the question is, kept) and
+            counted in the ``prompts/truncated_ratio`` metric; a prompt with images is never cut, it fails with the
+            row's length. `None`: the model's positions minus `max_completion_length` (no cap when the model config
+            does not say). TRL 1.16 has no prompt cap of its own.
+
         > vLLM
 
         vllm_dtype (`str`, *optional*, defaults to `"auto"`):
@@ -137,6 +146,14 @@ class ExtGRPOConfig(GRPOConfig):
         default=8192,
         metadata={"help": "Token budget of one packed row (shared-prefix packing). >= 1."},
     )
+    max_prompt_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Longest tokenized prompt; longer ones are cut from the left and counted in "
+            "prompts/truncated_ratio (prompts with images fail instead). None: the model's positions minus "
+            "max_completion_length."
+        },
+    )
     vllm_dtype: str = field(
         default="auto",
         metadata={
@@ -167,6 +184,8 @@ class ExtGRPOConfig(GRPOConfig):
             )
         if self.max_packed_tokens < 1:
             raise ValueError(f"max_packed_tokens={self.max_packed_tokens} must be >= 1 (default 8192).")
+        if self.max_prompt_length is not None and self.max_prompt_length < 1:
+            raise ValueError(f"max_prompt_length={self.max_prompt_length} must be >= 1 (None: the model's positions).")
         if self.vllm_dtype not in VLLM_DTYPES:
             raise ValueError(f"vllm_dtype={self.vllm_dtype!r}: use one of {list(VLLM_DTYPES)}.")
         if self.loss_type == "ipo":
@@ -212,11 +231,83 @@ class ExtGRPOTrainer(TRLSeam):
             add_monitors(self)
         self._packing_notes: set[str] = set()  # the reasons packing was skipped, each logged once
         self._packing_verified: bool | None = None  # the first packed pass is checked against TRL's rows
+        self.max_prompt_length = prompt_cap(getattr(args, "max_prompt_length", None), self.model, args)
+        self._prompt_cap_warned = False
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Resuming
+    # ------------------------------------------------------------------------------------------------------------
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
+        """`transformers.Trainer.train`, with three things added for runs that resume after a crash or a kill:
+
+        - ``resume_from_checkpoint=True`` takes the latest *complete* checkpoint: one left half-written by a kill or
+          a full disk is skipped with a warning naming it (`trl_ext.checkpoints.resolve_resume_checkpoint`); a path
+          to an incomplete checkpoint fails with what is missing.
+        - The per-step records this trainer writes next to the checkpoints (rollout trees, the judge audit log) are
+          cut back to the step training starts from (`discard_records_after`), so the steps the run does again
+          replace their records instead of duplicating them.
+        - A checkpoint saved inside a generation batch (``num_iterations > 1``) holds that batch, and training goes
+          on with it (`restore_generation_buffer`) instead of generating a new one.
+        """
+        checkpoint = resolve_resume_checkpoint(
+            resume_from_checkpoint, self.args.output_dir, required_checkpoint_files(self.args)
+        )
+        self.discard_records_after(checkpoint_step(checkpoint) if checkpoint else 0)
+        if checkpoint:
+            self.restore_generation_buffer(checkpoint)
+        return super().train(checkpoint, *args, **kwargs)
+
+    def discard_records_after(self, step: int) -> None:
+        """Drop what this rank recorded for the steps after ``step``, the step `train` starts from (0 for a new run).
+
+        A subclass that writes per-step records overrides this; `written_after` tells which records go. The
+        default writes none.
+        """
 
     @property
     def loss_spec(self) -> LossSpec:
         """The registry entry (`trl_ext.losses.LOSSES`) of this trainer's ``loss_type``."""
         return get_loss(self.loss_type)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Prompt cap
+    # ------------------------------------------------------------------------------------------------------------
+    def limit_prompt_ids(self, prompt_ids: list, multimodal: bool) -> list:
+        """Cut prompts longer than ``max_prompt_length`` from the left; log ``prompts/truncated_ratio`` (all ranks).
+
+        A prompt with images cannot be cut (its image tokens would no longer match the pixels): the run stops with
+        the row's length and the fix, on every rank.
+        """
+        cap = self.max_prompt_length
+        if cap is None:
+            return prompt_ids
+        long = [index for index, ids in enumerate(prompt_ids) if len(ids) > cap]
+        local = torch.tensor(
+            [len(long), len(prompt_ids), len(long) if multimodal else 0],
+            dtype=torch.float64,
+            device=self.accelerator.device,
+        )
+        num_long, num_prompts, num_uncuttable = self.accelerator.gather(local.unsqueeze(0)).sum(0).tolist()
+        if num_uncuttable:
+            raise ValueError(
+                f"{int(num_uncuttable)} prompt(s) with images are longer than max_prompt_length={cap} tokens "
+                f"(e.g. {len(prompt_ids[long[0]]) if long and multimodal else 'on another rank'} tokens) and cannot "
+                "be cut without breaking their images: drop the long rows from the dataset, or raise "
+                "max_prompt_length (the model's positions minus max_completion_length at most)."
+            )
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["prompts/truncated_ratio"].append(num_long / num_prompts)
+        if long and not self._prompt_cap_warned:
+            self._prompt_cap_warned = True
+            logger.warning(
+                "%d prompt(s) of this batch are longer than max_prompt_length=%d tokens (the longest: %d) and were "
+                "cut from the left; prompts/truncated_ratio counts them. Raise max_prompt_length or shorten the "
+                "prompts. (Warned once.)",
+                len(long),
+                cap,
+                max(len(prompt_ids[index]) for index in long),
+            )
+        return [ids[-cap:] if len(ids) > cap else ids for ids in prompt_ids]
 
     # ------------------------------------------------------------------------------------------------------------
     # The hook
@@ -556,6 +647,45 @@ class ExtGRPOTrainer(TRLSeam):
 # Multimodal / model-specific inputs TRL forwards to the model, when present: the parameters of TRL's log-prob
 # method after ``compute_aux_loss``.
 _FORWARD_KEYS = SEAM["_get_per_token_logps_and_entropies"][8:]
+
+
+def written_after(mode: str, record_step: int, start_step: int) -> bool:
+    """Whether a record written at global step ``record_step`` in ``mode`` comes after a checkpoint at ``start_step``.
+
+    A training batch for step g+1 is generated (and its records written) while the global step is still g, so the
+    training records of steps >= ``start_step`` are redone after resuming; evaluation at step S runs before
+    checkpoint-S is saved, so only evaluation records of steps > ``start_step`` are.
+    """
+    return record_step >= start_step if mode == "train" else record_step > start_step
+
+
+def prompt_cap(max_prompt_length: int | None, model, args) -> int | None:
+    """The prompt cap in tokens: ``max_prompt_length``, else the model's positions minus ``max_completion_length``.
+
+    None when neither is known. An explicit cap that, with the completion, overflows the model's positions is kept
+    but warned about (the model may extrapolate, e.g. with RoPE scaling; usually it is a mistake).
+    """
+    config = getattr(model, "config", None)
+    config = getattr(config, "text_config", None) or config  # vision-language models keep positions there
+    positions = getattr(config, "max_position_embeddings", None)
+    completion = getattr(args, "max_completion_length", None) or 0
+    if max_prompt_length is None:
+        if not positions:
+            return None
+        if positions <= completion:
+            raise ValueError(
+                f"max_completion_length={completion} leaves no room for a prompt in the model's {positions} positions: "
+                "lower max_completion_length."
+            )
+        return positions - completion
+    if positions and max_prompt_length + completion > positions:
+        logger.warning(
+            "max_prompt_length=%d + max_completion_length=%d is more than the model's %d positions.",
+            max_prompt_length,
+            completion,
+            positions,
+        )
+    return max_prompt_length
 
 
 def _without_ddp(model):

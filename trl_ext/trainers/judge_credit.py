@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from ..hub import METHODS
+from ..jsonl import rewrite_jsonl
 from ..judge.audit import JudgeAuditLog, text_hash
 from ..judge.client import STRUCTURED_OUTPUT_MODES, AsyncChatClient, BackgroundEventLoop
 from ..judge.credit import DEFAULT_LABEL_SCORES, cap_credit, per_token_advantages, span_credit
@@ -45,7 +46,7 @@ from ..judge.markers import build_marked_trace
 from ..judge.tools import TOOL_NAMES, ReplSandbox
 from ..rlm.sandbox import SandboxArguments, isolation_report, resolve_isolation
 from ..text import last_user_text
-from .ext_grpo import ExtGRPOConfig, ExtGRPOTrainer
+from .ext_grpo import ExtGRPOConfig, ExtGRPOTrainer, written_after
 from .trl_seam import BatchScope, GeneratedBatch
 
 logger = logging.getLogger(__name__)
@@ -387,6 +388,17 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
         """Where this rank's verdicts are appended (None when the audit log is off)."""
         return None if self._audit is None else self._audit.path
 
+    def discard_records_after(self, step: int) -> None:
+        """Drop this rank's audit records of the steps after ``step`` (they are about to be written again)."""
+        super().discard_records_after(step)
+        if self._audit is None:
+            return
+        dropped = rewrite_jsonl(
+            self._audit.path, keep=lambda record: not written_after(record.get("mode"), record.get("step", 0), step)
+        )
+        if dropped:
+            logger.info("Dropped %d judge audit record(s) of steps after %d from %s.", dropped, step, self._audit.path)
+
     def _resolve_verdict_reward(self, setting: str) -> int | None:
         """Index of the verifier reward function that runs early, or None for 'total'."""
         callables = [not isinstance(func, nn.Module) for func in self.reward_funcs]
@@ -648,7 +660,11 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
         try:
             self._audit.write(records)
         except OSError as error:  # a full disk must not stop training either
-            logger.warning("Could not append to the judge audit log %s: %s", self._audit.path, error)
+            logger.warning(
+                "Judge audit records of step %d not written (training goes on; the log keeps its earlier records): %s",
+                self.state.global_step,
+                error,
+            )
 
 
 def _collect(future: Future) -> JudgeVerdict:

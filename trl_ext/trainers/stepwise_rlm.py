@@ -15,9 +15,11 @@ Flow of one generation batch (each rank, its own B = prompts × G rows):
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
+import os
 import random
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +31,7 @@ from trl.trainer.utils import pad, use_adapter
 
 from ..advantages import broadcast_advantages, stepwise_loss_weights
 from ..hub import METHODS
+from ..jsonl import append_jsonl
 from ..losses import LOSSES, get_loss, importance_sampling_ratio
 from ..rlm import EngineStats, RLMEngine, RLMScaffoldConfig, RLMTask, RolloutTree, canonical_rollout_order
 from ..rlm.generators import (
@@ -40,7 +43,7 @@ from ..rlm.generators import (
 from ..rlm.sandbox import SandboxArguments, isolation_report, resolve_isolation
 from ..rlm.scaffold import ScaffoldArguments
 from ..text import last_user_text
-from .ext_grpo import ExtGRPOConfig, ExtGRPOTrainer
+from .ext_grpo import ExtGRPOConfig, ExtGRPOTrainer, written_after
 from .trl_seam import BatchScope
 
 logger = logging.getLogger(__name__)
@@ -69,7 +72,10 @@ class StepwiseRLMConfig(ScaffoldArguments, SandboxArguments, ExtGRPOConfig):
         max_turns, max_depth, max_children, max_total_children, max_llm_queries, max_prompt_tokens, max_batch_size,
         max_batch_wait_s, rlm_helpers, rlm_system_prompt, rlm_first_user_prompt, rlm_user_prompt, ...: every
         setting of `trl_ext.rlm.RLMScaffoldConfig` (`trl_ext.rlm.scaffold.ScaffoldArguments`): limits under their
-        own names, prompt templates as ``rlm_<template>`` (None keeps the built-in one).
+        own names, prompt templates as ``rlm_<template>`` (None keeps the built-in one). ``max_prompt_tokens=None``
+        caps every turn's prompt at the model's positions minus ``max_completion_length`` (a node whose prompt
+        outgrows it ends with "prompt_too_long", counted in ``rlm/prompt_too_long``); TRL's ``max_prompt_length``
+        does not apply.
 
         > REPL sandbox (docs/security.md)
 
@@ -110,6 +116,11 @@ class StepwiseRLMConfig(ScaffoldArguments, SandboxArguments, ExtGRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.max_prompt_length is not None:
+            raise ValueError(
+                f"max_prompt_length={self.max_prompt_length} does not apply to StepwiseRLMConfig, whose engine builds "
+                "a new prompt every turn: set max_prompt_tokens (the cap on every turn's prompt) instead."
+            )
         if self.child_sampling not in ("all", "one"):
             raise ValueError(f"child_sampling={self.child_sampling!r}: set 'all' (1/k weights) or 'one'.")
         if self.rlm_loss_normalization not in ("subtree", "token"):
@@ -141,7 +152,12 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
     ``rlm/depth_max``,
     ``rlm/rows_per_root``, ``rlm/final_answer_rate``, ``repl/error_rate``, ``repl/timeout_rate``, ``repl/crash_rate``,
     ``repl/truncated_answers`` (final answers cut to ``repl_max_answer_chars``),
-    ``rlm/padding_rows``.
+    ``rlm/prompt_too_long`` (nodes ended because their next turn's prompt was longer than ``max_prompt_tokens``),
+    ``rlm/refused_queries`` (query calls refused: too many prompts or a prompt too long), ``rlm/padding_rows``.
+
+    Prompt length: ``max_prompt_tokens`` caps every turn's prompt (`None`: the model's positions minus
+    ``max_completion_length``); ``max_prompt_length`` (TRL's prompt cap) does not apply, the engine builds the
+    prompts.
     """
 
     # TRL's model card (`create_model_card`, `push_to_hub`) from the method table `trl_ext.hub.METHODS`
@@ -163,9 +179,11 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
             warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
             super().__init__(model, reward_funcs, args, *pargs, rollout_func=_rlm_rollout, **kwargs)
         self._rlm_config = args.scaffold_config()
+        if self._rlm_config.max_prompt_tokens is None:  # no turn prompt may outgrow the model's positions
+            self._rlm_config = dataclasses.replace(self._rlm_config, max_prompt_tokens=self.max_prompt_length)
         resolve_isolation(self._rlm_config.sandbox)  # isolation="strict" fails now; "auto" warns once if weaker
         self.sandbox_info = isolation_report(self._rlm_config.sandbox)  # written to the run info
-        self._rlm_rng = random.Random(args.seed + self.accelerator.process_index)
+        self._draws = ((None, -1), 0)  # ((mode, global step), batches drawn there) of child sampling
         self.last_rollout_trees: list[RolloutTree] = []  # the trees of the last generation batch (for inspection)
 
     # ------------------------------------------------------------------------------------------------ rollouts
@@ -218,16 +236,35 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
             "rlm_has_answer": [answer is not None for answer in answers],
         }
 
-    def _save_trees(self, trees: list[RolloutTree]) -> list[str]:
-        """Append the trees to this step's JSON-lines file; return ``path#line`` references for the log table."""
+    def discard_records_after(self, step: int) -> None:
+        """Delete this rank's rollout-tree files of the steps after ``step`` (they are about to be written again)."""
+        super().discard_records_after(step)
         folder = Path(self.args.output_dir) / "rlm_trees"
-        folder.mkdir(parents=True, exist_ok=True)
+        rank = self.accelerator.process_index
+        removed = 0
+        for path in sorted(folder.glob(f"*-rank{rank}.jsonl")) if folder.is_dir() else ():
+            match = _TREE_FILE.fullmatch(path.name)
+            if match and written_after(match["mode"], int(match["step"]), step):
+                path.unlink()
+                removed += 1
+        if removed:
+            logger.info(
+                "Removed %d rollout-tree file(s) of steps after %d from %s (redone now).", removed, step, folder
+            )
+
+    def _save_trees(self, trees: list[RolloutTree]) -> list[str]:
+        """Append the trees to this step's JSON-lines file (`trl_ext.jsonl.append_jsonl`: all or none); return one
+        ``path#line`` reference (0-based line) per tree for the log table, or ``"not saved: <reason>"`` per tree when
+        the file cannot be written (a warning; training goes on)."""
+        folder = Path(self.args.output_dir) / "rlm_trees"
         mode = "train" if self.model.training else "eval"
         path = folder / f"{mode}-step{self.state.global_step:06d}-rank{self.accelerator.process_index}.jsonl"
-        start = len(path.read_text(encoding="utf-8").splitlines()) if path.exists() else 0
-        with path.open("a", encoding="utf-8") as handle:
-            for tree in trees:
-                handle.write(json.dumps(tree.to_dict(self.processing_class), ensure_ascii=False) + "\n")
+        try:
+            start = append_jsonl(path, [tree.to_dict(self.processing_class) for tree in trees])
+        except OSError as error:
+            logger.warning("Rollout trees of this step not saved to %s (training goes on): %s", path, error)
+            reason = os.strerror(error.errno) if error.errno else type(error).__name__
+            return [f"not saved: {reason}"] * len(trees)
         return [f"{path}#{start + index}" for index in range(len(trees))]
 
     def compute_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -285,12 +322,24 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
         self._add_logps(new, batch, sampling_logps.to(device))
         return new
 
+    def child_sampling_rng(self) -> random.Random:
+        """The generator of this batch's ``child_sampling="one"`` draws: a function of the seed, the rank, the mode,
+        the global step and how many batches this step drew before, so a resumed run draws what the uninterrupted
+        run would have, without a generator state to checkpoint."""
+        mode = "train" if self.model.training else "eval"
+        key, count = self._draws
+        count = count + 1 if key == (mode, self.state.global_step) else 0
+        self._draws = ((mode, self.state.global_step), count)
+        rank = self.accelerator.process_index
+        return random.Random(f"trl-ext/child-sampling/{self.args.seed}/{rank}/{mode}/{self.state.global_step}/{count}")
+
     def _turn_rows(self, trees: list[RolloutTree]) -> list[dict[str, Any]]:
         """One dict per turn of every trained node, with its root index, node weight and node token count."""
         rows = []
+        rng = self.child_sampling_rng()
         for root_index, tree in enumerate(trees):
             samples = tree.turn_samples(
-                train_children=self.args.train_children, child_sampling=self.args.child_sampling, rng=self._rlm_rng
+                train_children=self.args.train_children, child_sampling=self.args.child_sampling, rng=rng
             )
             node_tokens: dict[int, int] = {}
             for sample in samples:
@@ -363,6 +412,8 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
                 stats.repl_timeouts,
                 stats.repl_crashes,
                 stats.truncated_answers,
+                stats.prompt_too_long,
+                stats.refused_queries,
             ],
             dtype=torch.float64,
             device=self.accelerator.device,
@@ -380,6 +431,8 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
             timeouts,
             crashes,
             truncated,
+            too_long,
+            refused,
         ) = self.accelerator.gather(local.unsqueeze(0)).sum(0).tolist()
         depth = torch.tensor(max(node.depth for tree in trees for node in tree.nodes), device=local.device)
         metrics = self._metrics[mode]
@@ -394,12 +447,17 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
         metrics["repl/timeout_rate"].append(timeouts / cells if cells else 0.0)
         metrics["repl/crash_rate"].append(crashes / cells if cells else 0.0)
         metrics["repl/truncated_answers"].append(truncated)
+        metrics["rlm/prompt_too_long"].append(too_long)
+        metrics["rlm/refused_queries"].append(refused)
 
     def _pad_rows(self, batch: dict[str, Any]) -> dict[str, Any]:
         batch = super()._pad_rows(batch)
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["rlm/padding_rows"].append(self._metrics[mode]["batch/padding_rows"][-1])
         return batch
+
+
+_TREE_FILE = re.compile(r"(?P<mode>train|eval)-step(?P<step>\d+)-rank\d+\.jsonl")
 
 
 def _rlm_rollout(prompts: list[Any], trainer: StepwiseRLMTrainer) -> dict[str, list]:

@@ -1,18 +1,25 @@
 """The seam between trl-ext and TRL: every override of a private method of `trl.GRPOTrainer` lives here.
 
-TRL 1.16 has no public hooks for what trl-ext needs, so `TRLSeam` overrides seven of its private methods, once each,
-and turns each into a trl-ext hook with a documented contract. trl-ext's trainers override the hooks, never TRL's
-private methods; the per-batch state the hooks share lives in one `BatchScope` object, not in trainer fields.
+TRL 1.16 has no public hooks for what trl-ext needs, so `TRLSeam` overrides nine of its private methods, once each,
+and turns each (but ``_save_checkpoint``) into a trl-ext hook with a documented contract. trl-ext's trainers override
+the hooks, never TRL's private methods; the per-batch state the hooks share lives in one `BatchScope` object, not in
+trainer fields.
 
 | TRL private method | what the override changes, and why | trl-ext hook |
 |---|---|---|
 | ``_generate_and_score_completions`` | opens a `BatchScope` for the batch; hands TRL's scored batch to the hook, which may replace advantages by per-token ones and change the rows (stepwise turns) | `on_batch_start`, `after_scoring`, `on_batch_end` |
+| ``_tokenize_prompts`` | caps the length of the tokenized prompts before anything is generated (TRL 1.16 has no prompt cap) | `limit_prompt_ids` |
 | ``_generate`` | reads TRL's 8-tuple by name (`GeneratedBatch`) so a trainer can start work on the raw rollouts before TRL scores them (the span judge) | `on_generated` |
 | ``_generate_single_turn`` | post-processes the sampled ids of every generation call (RLMT cuts at stop strings) | `postprocess_samples` |
 | ``_calculate_rewards`` | lets a trainer change the rewards per function (RLM roots without an answer get 0; the judge reuses its verifier call) and keeps them in the scope | `compute_rewards` |
 | ``_compute_loss`` | routes the loss through the registry of `trl_ext.losses` (``loss_type="ipo"`` and per-token weights) | `compute_policy_loss` |
 | ``_get_per_token_logps_and_entropies`` | every log-prob pass (policy, old policy, reference, entropies) goes through one hook, where shared-prefix packing computes the same ``(B, T)`` tensors | `per_token_logps_and_entropies` |
 | ``_prepare_inputs`` | after TRL shuffles and splits a new generation batch into micro-batches, lets a trainer re-split it (packing keeps rows that share a prefix in one micro-batch) | `arrange_micro_batches` |
+| ``_save_checkpoint`` (transformers.Trainer's; TRL's override adds the model card) | saves the buffered generation batch when the checkpoint falls inside one (TRL does not; `restore_generation_buffer` puts it back on resume); removes a stale ``trainer_state.json`` from the ``checkpoint-N`` folder it is about to overwrite (that file, written last, marks a finished save); a save that fails on a full disk raises ``OSError(ENOSPC)`` saying "disk full", from the original error (torch's zip writer raises a RuntimeError without errno, "unexpected pos ..." or "PytorchStreamWriter failed writing file ...", safetensors a SafetensorError), see `trl_ext.checkpoints` | none |
+
+A failed save leaves its partial ``checkpoint-N`` folder in place: `trl_ext.checkpoints.resolve_resume_checkpoint`
+skips it on resume, and removing it is not safe (other ranks may still write into it; after a resume from an earlier
+checkpoint it may hold the only copy of some of step N's files).
 
 `check_trl` runs at import: it checks that the installed TRL has the signatures (and `_generate`'s 8-tuple) this
 module relies on, and fails with the fix (install ``trl>=1.16,<1.17``) otherwise.
@@ -22,18 +29,27 @@ from __future__ import annotations
 
 import ast
 import inspect
+import logging
+import os
 import textwrap
 from dataclasses import dataclass, fields
 from typing import Any
 
+import torch
 import trl
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
+
+from ..checkpoints import TRAINER_STATE, name_disk_full
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["SEAM", "BatchScope", "GeneratedBatch", "TRLSeam", "check_trl"]
 
 # TRL private method -> the parameter names this module calls it with.
 SEAM: dict[str, tuple[str, ...]] = {
     "_generate_and_score_completions": ("self", "inputs"),
+    "_tokenize_prompts": ("self", "prompts"),
     "_generate": ("self", "prompts"),
     "_generate_single_turn": (
         "self",
@@ -66,6 +82,7 @@ SEAM: dict[str, tuple[str, ...]] = {
         "image_position_ids",
     ),
     "_prepare_inputs": ("self", "generation_batch"),
+    "_save_checkpoint": ("self", "model", "trial"),  # transformers.Trainer's, overridden by TRL
 }
 
 
@@ -164,6 +181,11 @@ class TRLSeam(GRPOTrainer):
     def on_batch_start(self, scope: BatchScope) -> None:
         """Called before TRL generates the batch of ``scope.inputs``."""
 
+    def limit_prompt_ids(self, prompt_ids: list, multimodal: bool) -> list:
+        """Cap this rank's tokenized prompts (lists of ids) before generation; ``multimodal``: images or per-token
+        processor fields go with them (cutting ids would misalign those). The default keeps them."""
+        return prompt_ids
+
     def on_generated(self, prompts: list, generated: GeneratedBatch, scope: BatchScope) -> None:
         """Called with this rank's raw rollouts, before TRL decodes and scores them. May not change them."""
 
@@ -234,6 +256,11 @@ class TRLSeam(GRPOTrainer):
             self.on_batch_end(scope)
             self._batch_scope = None
 
+    def _tokenize_prompts(self, prompts):
+        prompt_ids, images, multimodal_fields = super()._tokenize_prompts(prompts)
+        multimodal = images is not None or bool(multimodal_fields)
+        return self.limit_prompt_ids(prompt_ids, multimodal), images, multimodal_fields
+
     def _generate(self, prompts):
         generated = GeneratedBatch.from_tuple(super()._generate(prompts))
         if self._batch_scope is not None:
@@ -269,3 +296,74 @@ class TRLSeam(GRPOTrainer):
             self._buffered_inputs = arranged
             inputs = arranged[self._step % steps]
         return inputs
+
+    def _save_checkpoint(self, model, trial):
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        stale_state = os.path.join(folder, TRAINER_STATE)
+        if self.args.should_save and os.path.isfile(stale_state):  # overwriting step N: incomplete until rewritten
+            os.remove(stale_state)
+        try:
+            self._save_generation_buffer(folder)  # before trainer_state.json, which marks the checkpoint complete
+            super()._save_checkpoint(model, trial)
+        except Exception as error:
+            disk_full = name_disk_full(error, folder)
+            if disk_full is None:
+                raise
+            raise disk_full from error
+
+    # ---------------------------------------------------------------------------------------------- resuming
+    def _save_generation_buffer(self, folder: str) -> None:
+        """Save this rank's buffered micro-batches into checkpoint ``folder`` when the checkpoint falls inside a
+        generation batch (``num_iterations > 1`` or ``steps_per_generation > gradient_accumulation_steps``).
+
+        TRL keeps a generation batch in memory for ``steps_per_generation * num_iterations`` micro-steps and does
+        not checkpoint it: a run resumed from such a checkpoint would generate a new batch where the uninterrupted
+        run reused the old one. `restore_generation_buffer` puts it back instead.
+        """
+        path = os.path.join(folder, generation_buffer_file(self.accelerator.process_index))
+        if os.path.isfile(path):
+            os.remove(path)  # a buffer of an earlier save of this step
+        if self.args.save_only_model or self._buffered_inputs is None or self._step % self._generate_every == 0:
+            return  # at a batch boundary the resumed run generates the next batch, as the uninterrupted one does
+        os.makedirs(folder, exist_ok=True)
+        buffer = [{key: _to_device(value, "cpu") for key, value in batch.items()} for batch in self._buffered_inputs]
+        torch.save({"step": self._step, "generate_every": self._generate_every, "micro_batches": buffer}, path)
+
+    def restore_generation_buffer(self, checkpoint: str) -> bool:
+        """Load the generation batch `_save_generation_buffer` saved into ``checkpoint`` (if any) so that training
+        continues on it, as the uninterrupted run did. Returns whether one was restored; a buffer saved under other
+        batch settings is ignored with a warning (the run then generates a new batch)."""
+        path = os.path.join(checkpoint, generation_buffer_file(self.accelerator.process_index))
+        if not os.path.isfile(path):
+            return False
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        batches = saved["micro_batches"]
+        if saved["generate_every"] != self._generate_every or len(batches) != self.args.steps_per_generation:
+            logger.warning(
+                "%s holds a generation batch of %d micro-batches reused over %d micro-steps; this run's settings "
+                "differ (steps_per_generation=%d, num_iterations=%d): a new batch is generated instead.",
+                path,
+                len(batches),
+                saved["generate_every"],
+                self.args.steps_per_generation,
+                self.num_iterations,
+            )
+            return False
+        device = self.accelerator.device
+        self._buffered_inputs = [{key: _to_device(value, device) for key, value in batch.items()} for batch in batches]
+        self._step = saved["step"]
+        return True
+
+    @property
+    def _generate_every(self) -> int:
+        """Micro-steps a generation batch is trained on (TRL's ``generate_every`` in ``_prepare_inputs``)."""
+        return self.args.steps_per_generation * self.num_iterations
+
+
+def generation_buffer_file(rank: int) -> str:
+    """The file of rank ``rank``'s buffered generation batch in a checkpoint folder."""
+    return f"trl_ext_generation_buffer-rank{rank}.pt"
+
+
+def _to_device(value: Any, device) -> Any:
+    return value.to(device) if isinstance(value, torch.Tensor) else value
