@@ -24,7 +24,6 @@ import contextlib
 import io
 import json
 import os
-import re
 import signal
 import sys
 from pathlib import Path
@@ -38,8 +37,8 @@ import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
+from tests.trainers.test_stepwise_rlm import VariantGenerator, yes_reward  # noqa: E402
 from tests.utils import cpu_config_kwargs, digit_reward, toy_dataset  # noqa: E402
-from trl_ext.rlm import ScriptedGenerator  # noqa: E402
 from trl_ext.testing import build_tiny_model_and_tokenizer  # noqa: E402
 from trl_ext.trainers import ExtGRPOConfig, ExtGRPOTrainer, StepwiseRLMConfig, StepwiseRLMTrainer  # noqa: E402
 
@@ -139,36 +138,13 @@ STEPWISE_SETTINGS = dict(
     rlm_user_prompt="Task: {task}\n\nTurn {turn} of",
 )
 # Each root asks two children; "sub A" answers at once, "sub B" after a REPL cell, so which child is drawn changes
-# the rows. A root answers "yes" when its first cell is variant 0.
+# the rows. A root answers "yes" when its first cell is variant 0 (`VariantGenerator`: variants alternate over the
+# roots; 4 roots a step, so a resumed run, which counts from 0 again, plays the same variants).
 SCRIPT = {
-    "root task": ["```repl\n# variant {variant}\nprint(rlm_query_batched(['sub A', 'sub B']))\n```", "FINAL({root})"],
+    "root task": ["```repl\nprint(rlm_query_batched(['sub A', 'sub B']))\n```", "FINAL({root})"],
     "sub A": ["FINAL(a)"],
     "sub B": ["```repl\nprint(1)\n```", "FINAL(b)"],
 }
-_TASK_AND_TURN = re.compile(r"Task: (.*?)\n\nTurn (\d+) of", re.DOTALL)
-
-
-class TwoChildGenerator(ScriptedGenerator):
-    """Plays SCRIPT. Roots alternate between variants 0 and 1 in the order their first turns reach the generator
-    (every root's first turn comes in one call, in task order): 4 roots a step, so a resumed run, which counts from
-    0 again, draws the same variants."""
-
-    def __init__(self, tokenizer):
-        super().__init__(self._respond, tokenizer)
-        self.roots_seen = 0
-
-    def _respond(self, prompt: str) -> str:
-        last_user = prompt.rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0]
-        task, turn = _TASK_AND_TURN.search(last_user).groups()
-        action = SCRIPT[task][int(turn) - 1]
-        if task == "root task" and turn == "1":
-            self.roots_seen += 1
-            return action.format(variant=(self.roots_seen - 1) % 2)
-        return action.format(root="yes" if "# variant 0" in prompt else "no")
-
-
-def yes_reward(completions, **kwargs):
-    return [1.0 if text.strip() == "yes" else 0.0 for text in completions]
 
 
 # --model-size: the tiny test model, or a ~102M-parameter one for GPU checks (benchmarks/resume_gpu.py)
@@ -201,7 +177,7 @@ def build_trainer(
         model, tokenizer = build_tiny_model_and_tokenizer(0, initializer_range=0.2)
         settings = {**STEPWISE_SETTINGS, **settings}
         cls, args = KillableStepwiseTrainer, StepwiseRLMConfig(**cpu_config_kwargs(str(output_dir), **settings))
-        reward, kwargs = yes_reward, {"generator": TwoChildGenerator(tokenizer)}
+        reward, kwargs = yes_reward, {"generator": VariantGenerator(tokenizer, SCRIPT, roots=("root task",))}
         dataset = Dataset.from_dict({"prompt": ["root task"] * MAX_STEPS, "context": ["abcdefgh"] * MAX_STEPS})
     else:
         raise ValueError(f"--trainer {trainer!r}: use grpo or stepwise")

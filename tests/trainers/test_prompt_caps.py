@@ -12,10 +12,10 @@ from datasets import Dataset
 from trl_ext.testing import build_tiny_model_and_tokenizer
 from trl_ext.trainers import ExtGRPOConfig, ExtGRPOTrainer
 from trl_ext.trainers.ext_grpo import prompt_cap
-from trl_ext.trainers.stepwise_rlm import StepwiseRLMConfig, StepwiseRLMTrainer
+from trl_ext.trainers.stepwise_rlm import StepwiseRLMConfig
 
 from ..utils import cpu_config_kwargs, digit_reward
-from .test_stepwise_rlm import generation_inputs, scripted_generator, yes_reward
+from .test_stepwise_rlm import generation_inputs, make_trainer
 
 LONG_PROMPT = "Count the words. " + " ".join(f"w{i}" for i in range(120)) + " How many?"
 
@@ -86,27 +86,10 @@ def test_an_explicit_cap_and_image_prompts(tmp_path):
         ExtGRPOConfig(**cpu_config_kwargs(str(tmp_path), max_prompt_length=0))
 
 
-def stepwise_trainer(tmp_path, max_positions: int, **overrides):
-    model, tokenizer = build_tiny_model_and_tokenizer(0, max_position_embeddings=max_positions)
-    settings = dict(max_depth=2, max_turns=4, loss_type="dapo", beta=0.0, max_steps=1, save_rollout_trees=False)
-    settings.update(overrides)
-    config = StepwiseRLMConfig(**cpu_config_kwargs(str(tmp_path), **settings))
-    dataset = Dataset.from_dict({"prompt": ["root task"] * 4, "context": ["abcdefgh"] * 4})
-    trainer = StepwiseRLMTrainer(
-        model,
-        yes_reward,
-        args=config,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        generator=scripted_generator(tokenizer),
-    )
-    return trainer
-
-
 def test_stepwise_turn_prompts_stop_at_the_model_positions_and_are_counted(tmp_path):
     # The scripted trees' first turns need 1,191–1,283 tokens and later turns up to 1,433: 1,300 leave some nodes
     # without room for their second or third turn.
-    trainer = stepwise_trainer(tmp_path, max_positions=1308)
+    trainer = make_trainer(tmp_path, model_config=dict(max_position_embeddings=1308), save_rollout_trees=False)
     assert trainer._rlm_config.max_prompt_tokens == 1300  # None: the positions minus max_completion_length=8
     trainer.model.train()
     trainer._generate_and_score_completions(generation_inputs())
@@ -120,5 +103,5 @@ def test_stepwise_turn_prompts_stop_at_the_model_positions_and_are_counted(tmp_p
 def test_stepwise_config_names_its_own_prompt_cap(tmp_path):
     with pytest.raises(ValueError, match="set max_prompt_tokens"):
         StepwiseRLMConfig(**cpu_config_kwargs(str(tmp_path), max_prompt_length=512))
-    trainer = stepwise_trainer(tmp_path, max_positions=2048, max_prompt_tokens=3000)
+    trainer = make_trainer(tmp_path, save_rollout_trees=False, max_prompt_tokens=3000)
     assert trainer._rlm_config.max_prompt_tokens == 3000  # an explicit cap is the user's

@@ -37,19 +37,20 @@ _VARIANT = re.compile(r"# variant (\d)")
 
 
 class VariantGenerator(ScriptedGenerator):
-    """Plays SCRIPT. Roots alternate between two variants in the order their first turns reach the generator
-    (the engine sends every root's first turn in task order, in one call): variant 0 answers "yes", variant 1
-    "no". Deterministic whatever order the REPLs finish in, so group advantages are non-zero and reproducible."""
+    """Plays ``script`` (task -> the action of each turn; SCRIPT by default). Roots (the tasks in ``roots``) alternate
+    between two variants in the order their first turns reach the generator (the engine sends every root's first
+    turn in task order, in one call): variant 0 answers "yes", variant 1 "no" (an action's ``{root}``).
+    Deterministic whatever order the REPLs finish in, so group advantages are non-zero and reproducible."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, script: dict[str, list[str]] = SCRIPT, roots=("root task", "small task")):
         super().__init__(self._respond, tokenizer)
-        self.roots_seen = 0
+        self.script, self.roots, self.roots_seen = script, roots, 0
 
     def _respond(self, prompt: str) -> str:
         last_user = prompt.rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0]
         task, turn = _TASK_AND_TURN.search(last_user).groups()
-        action = SCRIPT[task][int(turn) - 1]
-        if int(turn) == 1 and task in ("root task", "small task"):
+        action = self.script[task][int(turn) - 1]
+        if int(turn) == 1 and task in self.roots:
             variant, self.roots_seen = self.roots_seen % 2, self.roots_seen + 1
             return action.replace("```repl\n", f"```repl\n# variant {variant}\n")
         if "{root}" in action:
@@ -65,8 +66,9 @@ def yes_reward(completions, **kwargs):
     return [1.0 if text.strip() == "yes" else 0.0 for text in completions]
 
 
-def make_trainer(tmp_path, prompts=("root task",), **overrides):
-    model, tokenizer = build_tiny_model_and_tokenizer(0, initializer_range=0.2)
+def make_trainer(tmp_path, prompts=("root task",), model_config=None, **overrides):
+    """A trainer of the tiny model on SCRIPT's trees; ``model_config``: Qwen2Config fields, ``overrides``: config."""
+    model, tokenizer = build_tiny_model_and_tokenizer(0, initializer_range=0.2, **(model_config or {}))
     settings = dict(max_depth=2, max_turns=4, loss_type="dapo", beta=0.0, max_steps=1, save_rollout_trees=True)
     settings.update(overrides)
     config = StepwiseRLMConfig(**cpu_config_kwargs(str(tmp_path), **settings))
