@@ -336,7 +336,11 @@ class TRLSeam(GRPOTrainer):
         path = os.path.join(checkpoint, generation_buffer_file(self.accelerator.process_index))
         if not os.path.isfile(path):
             return False
-        saved = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)  # tensors, numbers, lists: no code
+        except Exception as error:  # unreadable, or holds objects weights_only refuses: generating anew is safe
+            logger.warning("Could not load %s (%s): a new generation batch is generated instead.", path, error)
+            return False
         batches = saved["micro_batches"]
         if saved["generate_every"] != self._generate_every or len(batches) != self.args.steps_per_generation:
             logger.warning(
