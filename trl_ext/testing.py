@@ -1,7 +1,8 @@
 """Tiny, offline, deterministic models and tokenizers for tests, benchmarks and the quickstart.
 
 Nothing here touches the Hugging Face Hub: the tokenizer is a byte-level BPE trained in memory on a fixed
-corpus, and the models are randomly initialised Qwen2 architectures seeded by ``seed``.
+corpus, and the models are randomly initialised Qwen2 architectures seeded by ``seed`` (Qwen2-VL and Qwen2.5-VL for
+vision-language tests, with their processors over the same tokenizer).
 """
 
 from __future__ import annotations
@@ -171,3 +172,99 @@ def build_tiny_reward_model(seed: int = 0, **config_overrides: Any):
         torch.manual_seed(seed)
         model = Qwen2ForSequenceClassification(config)
     return model, tokenizer
+
+
+# ------------------------------------------------------------------------------------------------ vision-language
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]  # Qwen-VL's
+# ChatML with Qwen-VL's image placeholder: a content part {"type": "image"} becomes <|vision_start|><|image_pad|>
+# <|vision_end|>, which the processor expands to one <|image_pad|> per merged patch.
+VLM_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n'}}"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for part in m['content'] %}"
+    "{% if part['type'] == 'image' %}{{'<|vision_start|><|image_pad|><|vision_end|>'}}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{{'<|im_end|>\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<|im_start|>assistant\n'}}{% endif %}"
+)
+VLM_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+
+
+def build_tiny_vlm_and_processor(seed: int = 0, family: str = "qwen2_vl"):
+    """Build a tiny vision-language model (Qwen2-VL or Qwen2.5-VL architecture) and its processor, fully offline.
+
+    The processor is the family's own (`Qwen2VLProcessor` / `Qwen2_5_VLProcessor`) over the PIL image processor
+    (no torchvision needed) and the tiny tokenizer with Qwen-VL's vision tokens; images of 28×28 to 56×56 pixels
+    become 1 to 4 merged patches. Videos are not supported (their processor needs torchvision).
+
+    Args:
+        seed: seeds the weight initialisation.
+        family: ``"qwen2_vl"`` or ``"qwen2_5_vl"``.
+
+    Returns:
+        ``(model, processor)``: a ``*ForConditionalGeneration`` in float32 (~100k parameters) and its processor,
+        whose chat template renders ``{"type": "image"}`` content parts.
+    """
+    from transformers import GenerationConfig
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    if family not in VLM_FAMILIES:
+        raise ValueError(f"family={family!r}: use one of {list(VLM_FAMILIES)}.")
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
+    tokenizer.chat_template = VLM_CHAT_TEMPLATE
+    start, end, image, video = tokenizer.convert_tokens_to_ids(VISION_TOKENS)
+    image_processor = Qwen2VLImageProcessorPil(
+        min_pixels=28 * 28, max_pixels=56 * 56, patch_size=14, merge_size=2, temporal_patch_size=2
+    )
+    text = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},  # head_dim 8
+        pad_token_id=PAD_TOKEN_ID,
+        eos_token_id=EOS_TOKEN_ID,
+        bos_token_id=None,
+    )
+    vision = dict(depth=1, num_heads=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+    if family == "qwen2_vl":
+        from transformers import Qwen2VLConfig as Config
+        from transformers import Qwen2VLForConditionalGeneration as Model
+        from transformers import Qwen2VLProcessor as Processor
+
+        vision.update(embed_dim=32, hidden_size=32, mlp_ratio=2)
+    else:
+        from transformers import Qwen2_5_VLConfig as Config
+        from transformers import Qwen2_5_VLForConditionalGeneration as Model
+        from transformers import Qwen2_5_VLProcessor as Processor
+
+        vision.update(
+            hidden_size=32, out_hidden_size=32, intermediate_size=64, window_size=56, fullatt_block_indexes=[0]
+        )
+    config = Config(
+        text_config=text,
+        vision_config=vision,
+        vision_start_token_id=start,
+        vision_end_token_id=end,
+        image_token_id=image,
+        video_token_id=video,
+        tie_word_embeddings=True,
+    )
+
+    class OfflineProcessor(Processor):
+        """The family's processor without a video processor (whose classes need torchvision)."""
+
+        def check_argument_for_proper_class(self, argument_name, argument):
+            return None if argument is None else super().check_argument_for_proper_class(argument_name, argument)
+
+    processor = OfflineProcessor(
+        image_processor=image_processor, tokenizer=tokenizer, video_processor=None, chat_template=VLM_CHAT_TEMPLATE
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Model(config)
+    model.generation_config = GenerationConfig(eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID)
+    return model, processor

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from trl import GRPOConfig
-from trl.trainer.utils import nanmax, nanmin
+from trl.trainer.utils import nanmax, nanmin, split_pixel_values_by_grid, unsplit_pixel_values_by_grid
 
 from ..checkpoints import checkpoint_step, required_checkpoint_files, resolve_resume_checkpoint
 from ..hub import METHODS
@@ -330,6 +330,11 @@ class ExtGRPOTrainer(TRLSeam):
           tensors (``old_per_token_logps``, ``ref_per_token_logps``, ``sampling_per_token_logps``) must describe
           the new rows: recompute them when a row's prompt is not a token-exact prefix of the old one.
 
+        Image fields come per row, as TRL's ``split_pixel_values_by_grid`` gives them: ``pixel_values`` (and
+        ``image_grid_thw``, ``image_sizes``, ... where the model's layout is flat over images) is a length-B list of
+        each row's tensor, ``num_images`` a length-B list; index them like any row value. They are joined back after
+        the padding, as TRL keeps them.
+
         Args:
             batch: TRL's output: ``prompt_ids``/``prompt_mask`` ``(B, P)`` left-padded, ``completion_ids``/
                 ``completion_mask`` ``(B, T)`` right-padded, ``advantages`` ``(B,)``, ``num_items_in_batch``
@@ -345,6 +350,10 @@ class ExtGRPOTrainer(TRLSeam):
 
     def after_scoring(self, batch: dict[str, Any], scope: BatchScope) -> dict[str, Any]:
         batch["rewards"] = self._local_rewards(scope, len(scope.inputs))
+        # Image fields per row (TRL's own split: flat pixel_values by image_grid_thw, image_sizes, several images a
+        # row...), so that the hook and the padding below index every value by row; joined back at the end, as TRL
+        # keeps them.
+        batch = split_pixel_values_by_grid(batch)
         rows = batch["completion_ids"]
         batch = self.process_scored_batch(batch, scope.inputs)
         if batch["completion_ids"] is not rows:
@@ -356,7 +365,7 @@ class ExtGRPOTrainer(TRLSeam):
             batch["prefix_group"] = torch.arange(num_rows, device=rows.device) // (
                 self.num_generations if same_rows else 1
             )
-        return self._pad_rows(batch)
+        return unsplit_pixel_values_by_grid(self._pad_rows(batch))
 
     def _relog_sampling_metrics(self, batch: dict[str, Any]) -> None:
         """TRL logged the sampler-vs-policy metrics of the rows it built; the hook replaced them: log the new ones.
