@@ -75,21 +75,27 @@ def build_tiny_tokenizer(vocab_size: int = 384):
     return tokenizer
 
 
+# The text model of every tiny model here (Qwen2's fields): ~30k parameters with the tiny tokenizer.
+_TINY_TEXT: dict[str, Any] = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+    pad_token_id=PAD_TOKEN_ID,
+    eos_token_id=EOS_TOKEN_ID,
+    bos_token_id=None,
+)
+
+
 def _tiny_qwen2_config(vocab_size: int, overrides: dict[str, Any]):
     from transformers import Qwen2Config
 
     params: dict[str, Any] = dict(
         vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
+        **_TINY_TEXT,
         tie_word_embeddings=True,
-        pad_token_id=PAD_TOKEN_ID,
-        eos_token_id=EOS_TOKEN_ID,
-        bos_token_id=None,
         initializer_range=0.02,
     )
     reference = Qwen2Config()
@@ -218,16 +224,8 @@ def build_tiny_vlm_and_processor(seed: int = 0, family: str = "qwen2_vl"):
     )
     text = dict(
         vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
+        **_TINY_TEXT,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},  # head_dim 8
-        pad_token_id=PAD_TOKEN_ID,
-        eos_token_id=EOS_TOKEN_ID,
-        bos_token_id=None,
     )
     vision = dict(depth=1, num_heads=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
     if family == "qwen2_vl":
