@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 import trl
+from accelerate.utils import send_to_device
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
@@ -326,7 +327,7 @@ class TRLSeam(GRPOTrainer):
         if self.args.save_only_model or self._buffered_inputs is None or self._step % self._generate_every == 0:
             return  # at a batch boundary the resumed run generates the next batch, as the uninterrupted one does
         os.makedirs(folder, exist_ok=True)
-        buffer = [{key: _to_device(value, "cpu") for key, value in batch.items()} for batch in self._buffered_inputs]
+        buffer = send_to_device(self._buffered_inputs, "cpu")
         torch.save({"step": self._step, "generate_every": self._generate_every, "micro_batches": buffer}, path)
 
     def restore_generation_buffer(self, checkpoint: str) -> bool:
@@ -353,8 +354,7 @@ class TRLSeam(GRPOTrainer):
                 self.num_iterations,
             )
             return False
-        device = self.accelerator.device
-        self._buffered_inputs = [{key: _to_device(value, device) for key, value in batch.items()} for batch in batches]
+        self._buffered_inputs = send_to_device(batches, self.accelerator.device)
         self._step = saved["step"]
         return True
 
@@ -367,7 +367,3 @@ class TRLSeam(GRPOTrainer):
 def generation_buffer_file(rank: int) -> str:
     """The file of rank ``rank``'s buffered generation batch in a checkpoint folder."""
     return f"trl_ext_generation_buffer-rank{rank}.pt"
-
-
-def _to_device(value: Any, device) -> Any:
-    return value.to(device) if isinstance(value, torch.Tensor) else value
