@@ -190,11 +190,61 @@ def test_3_files_in_tmp_and_dev_shm_die_with_the_repl_and_the_next_one_on_its_ui
         assert out.stdout == "[False, False, False]\n"
 
 
+_SHARE_NO_FILES = r"""
+import json, os, sys
+from trl_ext.rlm import PythonREPL
+from trl_ext.rlm import sandbox
+
+look = (
+    "import json, os\n"
+    "seen = {d: sorted(os.listdir(d)) for d in ('/tmp', '/dev/shm')}\n"
+    "writable = [e for e in seen['/tmp'] if os.access(os.path.join('/tmp', e), os.W_OK)]\n"
+    "print(json.dumps({'seen': seen, 'writable': writable}))"
+)
+write = "import os\nfor d in ('/tmp', '/dev/shm'):\n    open(d + '/shared', 'w').write('hi')\n    os.chmod(d + '/shared', 0o666)"
+with PythonREPL() as first, PythonREPL() as second:
+    first.execute(write)
+    report = json.loads(second.execute(look).stdout)
+# What a REPL may see in its /tmp: the top folders of the interpreter's read-only binds that lie under the host's
+# /tmp (a venv under /tmp is normal), and nothing else.
+report["runtime"] = sorted({p[len("/tmp/"):].split("/")[0] for p in sandbox._runtime_paths() if p.startswith("/tmp/")})
+print("REPORT " + json.dumps(report))
+"""
+
+
+def _venv_under_tmp() -> str:
+    """A venv under the host's /tmp that sees this interpreter's packages, as a CI venv under /tmp would."""
+    root = tempfile.mkdtemp(prefix="trl_ext_test_venv_", dir="/tmp")
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", root], check=True)
+    return root
+
+
 @needs_namespaces
-def test_3_concurrent_repls_share_no_files():
-    with PythonREPL() as first, PythonREPL() as second:
-        run(first, "import os\nopen('/tmp/shared', 'w').write('hi')\nos.chmod('/tmp/shared', 0o666)")
-        assert run(second, "import os; print(os.listdir('/tmp'), os.listdir('/dev/shm'))").stdout == "[] []\n"
+@pytest.mark.parametrize("interpreter", ["this", "venv_under_tmp"])
+def test_3_concurrent_repls_share_no_files(interpreter):
+    """A REPL sees neither another REPL's files nor the host's in /tmp and /dev/shm, wherever the venv lives.
+
+    With the trainer's venv under /tmp, the interpreter's read-only bind shows its top folder in the REPL's /tmp:
+    that is the runtime, not shared state. The test allows exactly that, and checks the REPL cannot write there.
+    """
+    venv = _venv_under_tmp() if interpreter == "venv_under_tmp" else None
+    python = os.path.join(venv, "bin", "python") if venv else sys.executable
+    fd, host_state = tempfile.mkstemp(prefix="trl_ext_host_state_", dir="/tmp")  # the host's writable state
+    os.close(fd)
+    try:
+        result = subprocess.run([python, "-c", _SHARE_NO_FILES], capture_output=True, text=True, timeout=120)
+    finally:
+        os.unlink(host_state)
+        if venv:
+            subprocess.run(["rm", "-rf", venv], check=True)
+    reports = [line for line in result.stdout.splitlines() if line.startswith("REPORT ")]
+    assert result.returncode == 0 and reports, result.stdout[-2000:] + result.stderr[-4000:]
+    report = json.loads(reports[-1][len("REPORT ") :])
+    if venv:
+        assert report["runtime"] == [os.path.basename(venv)]  # the host layout this variant exists for
+    assert report["seen"]["/dev/shm"] == []
+    assert report["seen"]["/tmp"] == report["runtime"]  # neither the other REPL's file nor the host's
+    assert report["writable"] == []
 
 
 @needs_root
