@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -401,6 +402,34 @@ def test_build_dpo_pairs_groups_by_prompt():
     assert conversational[0]["rejected"] == [{"role": "assistant", "content": "<think>q</think> Go away."}]
     with pytest.raises(ValueError, match="one score per completion"):
         build_dpo_pairs(["A"], ["a", "b"], [1.0, 2.0])
+
+
+def test_no_dpo_pair_is_an_error_that_says_why_and_skipped_prompts_are_counted(caplog):
+    with pytest.raises(ValueError, match="No on-policy DPO pair: none of the 2 prompt") as caught:
+        build_dpo_pairs(["A", "A", "B", "B"], ["a", "a", "b1", "b2"], [0.5, 0.5, 1.0, 1.0])
+    message = str(caught.value)
+    assert "2 had all their scores equal (1 of them with identical samples: raise temperature" in message
+    assert "TRL's DPOTrainer cannot train on an empty dataset" in message
+    with pytest.raises(ValueError, match="1 had fewer than two valid scores.*check the scorer"):
+        build_dpo_pairs(["A", "A"], ["a1", "a2"], [0.5, None])
+    with pytest.raises(ValueError, match=r"all their scores within min_margin=0\.5.*lower min_margin"):
+        build_dpo_pairs(["A", "A"], ["a1", "a2"], [0.5, 0.75], min_margin=0.5)
+    assert len(build_dpo_pairs(["A", "A"], ["a1", "a2"], [0.5, 0.5], allow_empty=True)) == 0
+
+    with caplog.at_level(logging.WARNING, logger="trl_ext.rewards.rlmt.dpo"):
+        pairs = build_dpo_pairs(["A", "A", "B", "B"], ["a1", "a2", "b1", "b2"], [0.0, 1.0, 0.3, None])
+    assert len(pairs) == 1
+    assert "1 pair(s) from 2 prompt(s); 1 prompt(s) gave no pair (1 had fewer than two valid scores" in caplog.text
+
+
+def test_on_policy_sampling_with_a_constant_scorer_fails_before_dpo():
+    policy, tokenizer = build_tiny_model_and_tokenizer(seed=0)
+
+    def constant(prompts, completions, **kwargs):
+        return [1.0] * len(completions)
+
+    with pytest.raises(ValueError, match="none of the 2 prompt\\(s\\) of 4 sample\\(s\\).*a constant score"):
+        sample_on_policy_pairs(policy, tokenizer, ["Say hi.", "Say no."], constant, num_samples=2, max_new_tokens=4)
 
 
 def test_on_policy_pairs_train_with_trl_dpo(tmp_path, reward_model):

@@ -4,8 +4,10 @@ server on 127.0.0.1; the per-token advantages differ from the outcome advantage 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -311,6 +313,92 @@ def test_judge_faults_give_zero_credit_and_training_goes_on(tmp_path):
     records = [json.loads(line) for line in open(trainer.judge_audit_path)]
     assert len(records) == 8 and {r["status"] for r in records} == {"failed"}
     assert all("failed after 2 attempt" in r["error"] for r in records)
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def judge_records(caplog, level=None):
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "trl_ext.trainers.judge_credit" and (level is None or r.levelno == level)
+    ]
+
+
+def test_dead_judge_endpoint_is_loud_and_training_goes_on(tmp_path, caplog):
+    """A closed port: a warning at construction, one when the first batch's calls all fail, an error once the
+    outage lasts `judge_outage_loud_batches` batches (not one per batch), each naming the endpoint, the error and the
+    fix; training finishes as plain GRPO."""
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    model, tokenizer = build_tiny_model_and_tokenizer(0)
+    config = JudgeCreditConfig(
+        **cpu_config_kwargs(str(tmp_path), max_steps=3),
+        judge_base_url=url,
+        judge_model="scripted-judge",
+        judge_tools=[],
+        judge_max_retries=0,
+    )
+    with caplog.at_level(logging.WARNING, logger="trl_ext.trainers.judge_credit"):
+        trainer = JudgeCreditTrainer(
+            model, digit_reward, args=config, train_dataset=toy_dataset(), processing_class=tokenizer
+        )
+        (probe,) = judge_records(caplog)
+        assert f"judge endpoint {url} does not answer" in probe and "ConnectError" in probe
+        assert "start the judge server" in probe
+        caplog.clear()
+        trainer.judge_outage_loud_batches = 2
+        trainer.train()
+
+    assert trainer.state.global_step == 3
+    (warning,) = judge_records(caplog, logging.WARNING)  # batch 1; batch 3 is between the loud reports (2, 4, 8, ...)
+    assert "Every judge call of this batch failed (4 of 4" in warning and url in warning
+    assert "connection: Connection error. (ConnectError" in warning and "start the judge server" in warning
+    (error,) = judge_records(caplog, logging.ERROR)
+    assert "failed for 2 batches in a row" in error and "plain GRPO" in error and url in error
+    assert [e["judge/failure_ratio"] for e in trainer.state.log_history if "judge/failure_ratio" in e] == [1.0] * 3
+
+
+def test_judge_outage_names_the_http_error_and_its_recovery(tmp_path, caplog):
+    calls = []
+
+    def down_then_up(request):  # the first batch's 4 calls get a 500, then the judge answers
+        calls.append(1)
+        return ErrorReply(500) if len(calls) <= 4 else TextReply(json.dumps({"spans": []}))
+
+    model, tokenizer = build_tiny_model_and_tokenizer(0)
+    with ScriptedChatServer(down_then_up) as server:
+        url = server.base_url
+        config = JudgeCreditConfig(**cpu_config_kwargs(str(tmp_path), max_steps=2), **judge_kwargs(server))
+        with caplog.at_level(logging.WARNING, logger="trl_ext.trainers.judge_credit"):
+            trainer = JudgeCreditTrainer(
+                model, digit_reward, args=config, train_dataset=toy_dataset(), processing_class=tokenizer
+            )
+            assert judge_records(caplog) == []  # the endpoint answers and serves judge_model: nothing to say
+            trainer.train()
+    failed, recovered = judge_records(caplog, logging.WARNING)
+    assert "Every judge call of this batch failed (4 of 4" in failed and "server_error 500" in failed
+    assert "check its logs" in failed
+    assert f"Judge at {url} answers again" in recovered and "after 1 batch(es)" in recovered
+    assert [e["judge/failure_ratio"] for e in trainer.state.log_history if "judge/failure_ratio" in e] == [1.0, 0.0]
+
+
+def test_judge_model_the_endpoint_does_not_serve_is_a_warning_at_construction(tmp_path, caplog):
+    model, tokenizer = build_tiny_model_and_tokenizer(0)
+    with ScriptedChatServer(lambda request: TextReply("[]")) as server:
+        config = JudgeCreditConfig(
+            **cpu_config_kwargs(str(tmp_path)), **judge_kwargs(server, judge_model="Qwen/Qwen3-8B")
+        )
+        with caplog.at_level(logging.WARNING, logger="trl_ext.trainers.judge_credit"):
+            JudgeCreditTrainer(
+                model, digit_reward, args=config, train_dataset=toy_dataset(), processing_class=tokenizer
+            )
+    (warning,) = judge_records(caplog)
+    assert "serves ['scripted-judge'], not judge_model='Qwen/Qwen3-8B'" in warning
 
 
 def test_judge_starts_before_slow_rewards_when_the_verdict_comes_from_a_verifier(tmp_path):

@@ -13,6 +13,7 @@ from .client import (
     ChatCallError,
     ChatClientStats,
     ChatResult,
+    EndpointProbe,
     ParsedReply,
 )
 from .credit import DEFAULT_LABEL_SCORES, cap_credit, judge_share, per_token_advantages, span_credit
@@ -40,6 +41,7 @@ __all__ = [
     "ChatClientStats",
     "ChatResult",
     "DroppedSpan",
+    "EndpointProbe",
     "JudgeAuditLog",
     "JudgeRequest",
     "JudgeTools",

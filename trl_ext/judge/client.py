@@ -549,8 +549,9 @@ class AsyncChatClient:
             status,
         )
 
-    def _failure(self, error: Exception, attempts: int) -> ChatCallError:
-        """The `ChatCallError` for what the SDK raised (or for a body that is not a chat completion); counted."""
+    def _failure(self, error: Exception, attempts: int, *, count: bool = True) -> ChatCallError:
+        """The `ChatCallError` for what the SDK raised (or for a body that is not a chat completion); counted in
+        ``stats.failures`` unless ``count=False``."""
         status = error.status_code if isinstance(error, openai.APIStatusError) else None
         if isinstance(error, openai.APITimeoutError):  # before APIConnectionError, its base class
             kind, detail = "timeout", "timed out"
@@ -561,10 +562,12 @@ class AsyncChatClient:
         elif status is not None:
             kind, detail = "client_error", str(error)
         elif isinstance(error, openai.APIConnectionError):
-            kind, detail = "connection", str(error)
+            cause = error.__cause__  # the SDK's "Connection error." hides what failed (refused, DNS, TLS)
+            kind, detail = "connection", str(error) + (f" ({type(cause).__name__}: {cause})" if cause else "")
         else:  # a body that is not JSON, or JSON that is not a chat completion
             kind, detail = "bad_response", f"not a chat completion ({type(error).__name__}: {error})"
-        self._count(failures=1)
+        if count:
+            self._count(failures=1)
         what = f"{kind} {status}" if status is not None else kind
         return ChatCallError(
             f"Chat request to {self.base_url} (model {self.model!r}) failed after {attempts} attempt(s): "
@@ -574,9 +577,51 @@ class AsyncChatClient:
             attempts=attempts,
         )
 
+    async def probe(self, timeout: float = 10.0) -> EndpointProbe:
+        """Check that the endpoint answers, without a chat request (nothing is generated or billed).
+
+        Sends one ``GET <base_url>/models`` (the OpenAI-compatible model list; no retry, ``timeout`` seconds) with
+        an SDK client of its own, so the counters and the concurrency bound are untouched. The endpoint answers when
+        it replies at all, a 404 for the route included (not every server lists its models); a connection error, a
+        timeout, a 5xx, or a 401/403 (the API key) are a problem. When the list comes back, ``models`` holds it.
+        """
+        client = openai.AsyncOpenAI(
+            base_url=self.base_url, api_key=self.endpoint._api_key(), max_retries=0, timeout=timeout
+        )
+        try:
+            page = await asyncio.wait_for(client.models.list(), timeout + 1.0)
+            models = [str(getattr(item, "id", item)) for item in getattr(page, "data", [])]
+            return EndpointProbe(ok=True, models=models)
+        except openai.APIStatusError as error:
+            if error.status_code in (401, 403) or error.status_code >= 500:
+                return EndpointProbe(ok=False, error=self._failure(error, 1, count=False))
+            return EndpointProbe(ok=True)  # it answers; it just does not list its models
+        except (openai.APIError, asyncio.TimeoutError, ValueError, TypeError, AttributeError) as error:
+            if isinstance(error, asyncio.TimeoutError):
+                error = openai.APITimeoutError(request=None)  # type: ignore[arg-type]
+            return EndpointProbe(ok=False, error=self._failure(error, 1, count=False))
+        finally:
+            await client.close()
+
     async def aclose(self) -> None:
         """Close the HTTP client of the running event loop."""
         await self.endpoint.aclose()
+
+
+@dataclass
+class EndpointProbe:
+    """What `AsyncChatClient.probe` found.
+
+    Attributes:
+        ok: the endpoint answered.
+        error: why not (``kind``: ``"connection"``, ``"timeout"``, ``"client_error"`` for 401/403,
+            ``"server_error"``, ``"bad_response"``).
+        models: the model names it serves, when it lists them.
+    """
+
+    ok: bool
+    error: ChatCallError | None = None
+    models: list[str] | None = None
 
 
 def _parse_completion(response: Any) -> ChatResult:

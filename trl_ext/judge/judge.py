@@ -67,6 +67,10 @@ class JudgeVerdict(JudgeOutcome):
         tool_calls: tool calls executed.
         error: what went wrong, for ``"failed"``/``"unparseable"``.
         raw_output: the judge's last text reply (for the audit log).
+        error_kind: the `ChatCallError` kind of a ``"failed"`` verdict (``"connection"``, ``"timeout"``,
+            ``"rate_limit"``, ``"server_error"``, ``"client_error"``, ``"bad_response"``), ``"internal"`` for a crash
+            of the judge itself, ``"unparseable"``; ``None`` when ``"ok"``.
+        error_status: the last HTTP status of a failed request, when there was one.
     """
 
     status: str
@@ -77,6 +81,8 @@ class JudgeVerdict(JudgeOutcome):
     tool_calls: int = 0
     error: str | None = None
     raw_output: str | None = None
+    error_kind: str | None = None
+    error_status: int | None = None
 
     def to_record(self) -> dict[str, Any]:
         """A JSON-serialisable summary for the audit log."""
@@ -163,12 +169,14 @@ class SpanJudge:
             await self._converse(request, tools, verdict)
         except ChatCallError as error:
             verdict.status, verdict.error = "failed", str(error)
+            verdict.error_kind, verdict.error_status = error.kind, error.status
             verdict.requests += error.attempts
         except asyncio.CancelledError:
             raise
         except Exception as error:  # a judge fault must never stop training
             logger.warning("Span judge crashed on a rollout (zero credit): %r", error, exc_info=True)
             verdict.status, verdict.error = "failed", f"{type(error).__name__}: {error}"
+            verdict.error_kind = "internal"
         finally:
             await _close_quietly(tools)
         if verdict.status != "ok":
@@ -221,6 +229,7 @@ class SpanJudge:
         verdict.raw_output = parsed.raw_output or ""
         if not parsed.ok:
             verdict.status, verdict.error = parsed.status, parsed.error
+            verdict.error_kind = "unparseable" if parsed.status == "unparseable" else None
             return
         validation = validate_spans(parsed.value, request.trace, self.label_scores)
         verdict.status, verdict.spans, verdict.dropped = "ok", validation.valid, validation.dropped

@@ -446,6 +446,11 @@ class RubricJudgeReward:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.__name__!r}, client={self.client!r})"
 
+    @property
+    def required_columns(self) -> list[str]:
+        """The dataset columns this reward reads (trl-ext's trainers check them when they are built)."""
+        return [self.config.ground_truth_column] + ([self.config.query_column] if self.config.query_column else [])
+
     # ------------------------------------------------------------------------------------------------------------
     # TRL reward-function interface
     # ------------------------------------------------------------------------------------------------------------

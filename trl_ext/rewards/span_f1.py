@@ -200,6 +200,11 @@ class CharSpanF1Reward:
         self.empty_score = empty_score
         self.__name__ = name
 
+    @property
+    def required_columns(self) -> list[str]:
+        """The dataset columns this reward reads (trl-ext's trainers check them when they are built)."""
+        return [self.gold_column] + ([self.context_column] if self.context_column is not None else [])
+
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
         golds = _column(kwargs, self.gold_column, len(completions))
         contexts = (

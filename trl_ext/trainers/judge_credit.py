@@ -14,12 +14,15 @@ The trainer is thin; the method lives in `trl_ext.judge`. Per generation batch:
    (`cap_credit`, λ = ``judge_lambda``) and sets ``advantages = A[:, None] + c`` (B, T).
 
 A judge fault (endpoint down, 429/5xx after retries, timeout, unparseable answer) gives that rollout zero credit,
-is counted in ``judge/failure_ratio`` and recorded in the audit log; the rollout keeps its outcome advantage.
+is counted in ``judge/failure_ratio`` and recorded in the audit log; the rollout keeps its outcome advantage. A
+judge that does not answer is logged: a warning when the trainer is built (`JudgeCreditTrainer._probe_judge`), and
+one when every call of a batch failed, an error once that has lasted ``judge_outage_loud_batches`` batches.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import inspect
 import json
@@ -47,11 +50,13 @@ from ..judge.tools import TOOL_NAMES, ReplSandbox
 from ..rlm.sandbox import SandboxArguments, isolation_report, resolve_isolation
 from ..text import last_user_text
 from .ext_grpo import ExtGRPOConfig, ExtGRPOTrainer, written_after
+from .requirements import changed_settings, check_trainer_inputs
 from .trl_seam import BatchScope, GeneratedBatch
 
 logger = logging.getLogger(__name__)
 
 AUDIT_FILE = "judge_audit.jsonl"
+PROBE_TIMEOUT_S = 10.0  # the longest the start-up check of the judge endpoint may take
 
 
 @dataclass
@@ -334,6 +339,9 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
     """
 
     batch_scope_class = JudgeBatchScope
+    # Consecutive batches in which every judge call failed before the warning becomes an error (then repeated at
+    # 2x, 4x, ... that many batches): by then the run is plain GRPO.
+    judge_outage_loud_batches = 5
 
     # TRL's model card (`create_model_card`, `push_to_hub`) from the method table `trl_ext.hub.METHODS`
     _tag_names = METHODS["judge-credit"].tag_names
@@ -346,6 +354,15 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
                 "JudgeCreditTrainer needs its endpoint settings: pass args=JudgeCreditConfig(output_dir=..., "
                 f"judge_base_url=..., judge_model=...), got {type(args).__name__}."
             )
+        # What the reward functions need (packages, columns, conversational prompts) and the reference columns set
+        # explicitly (their defaults are optional: shown when present) fail now, not at the first batch.
+        check_trainer_inputs(
+            "JudgeCreditTrainer",
+            reward_funcs,
+            pargs,
+            kwargs,
+            column_settings=changed_settings(args, ("judge_answer_column", "judge_solution_column")),
+        )
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         if judge is None:
             request_params: dict[str, Any] = {"temperature": args.judge_temperature}
@@ -376,12 +393,101 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
             resolve_isolation(args.sandbox_limits())  # isolation="strict" fails now; "auto" warns once if weaker
             self.sandbox_info = isolation_report(args.sandbox_limits())  # written to the run info
         self._judge_loop = BackgroundEventLoop()
+        self._outage_batches = 0  # consecutive batches in which every judge call failed
         self._verdict_index = self._resolve_verdict_reward(args.judge_verdict_reward)
+        self._probe_judge()
         self._audit: JudgeAuditLog | None = None
         if args.judge_audit_log and args.output_dir:
             rank = self.accelerator.process_index
             name = AUDIT_FILE if rank == 0 else AUDIT_FILE.replace(".jsonl", f".rank{rank}.jsonl")
             self._audit = JudgeAuditLog(os.path.join(args.output_dir, name))
+
+    def _probe_judge(self) -> None:
+        """Warn now when the judge endpoint does not answer or does not serve ``judge_model``.
+
+        A warning, not an error: a judge that is down at start may come up later, and a failing judge never stops
+        training (its rollouts get zero credit, see `_report_judge_outage`).
+        """
+        client = self.judge.client
+        if not hasattr(client, "probe"):
+            return
+        try:
+            probe = self._judge_loop.run(client.probe(timeout=min(self.args.judge_timeout, PROBE_TIMEOUT_S)))
+        except Exception as error:  # the probe is advice: it must never stop the trainer
+            logger.debug("Judge endpoint probe of %s failed: %r", client.base_url, error)
+            return
+        if not probe.ok:
+            error = probe.error
+            logger.warning(
+                "JudgeCreditTrainer: the judge endpoint %s does not answer (%s). Training will run, but until it "
+                "answers every rollout gets zero judge credit (plain GRPO, counted in judge/failure_ratio). Fix: %s",
+                client.base_url,
+                str(error).partition("attempt(s): ")[2] or error,
+                _judge_fix(error.kind, error.status, client),
+            )
+        elif probe.models and client.model not in probe.models:
+            logger.warning(
+                "JudgeCreditTrainer: the judge endpoint %s serves %s, not judge_model=%r: every judge call may fail "
+                "and its rollouts get zero credit. Set judge_model to the name the endpoint serves.",
+                client.base_url,
+                probe.models,
+                client.model,
+            )
+
+    def _report_judge_outage(self, verdicts: list[JudgeVerdict]) -> None:
+        """Log a batch in which every judge call failed, naming the endpoint, the error and the fix.
+
+        The first such batch gives a warning; `judge_outage_loud_batches` of them in a row an error (again at 2x,
+        4x, ... as many); the first batch with a verdict after an outage says so. Training goes on in every case.
+        """
+        if not verdicts:
+            return
+        failed = [verdict for verdict in verdicts if not verdict.ok]
+        client = self.judge.client
+        url, model = getattr(client, "base_url", "?"), getattr(client, "model", "?")
+        if len(failed) < len(verdicts):
+            if self._outage_batches:
+                logger.warning(
+                    "Judge at %s answers again (step %d) after %d batch(es) in which every call failed.",
+                    url,
+                    self.state.global_step,
+                    self._outage_batches,
+                )
+            self._outage_batches = 0
+            return
+        self._outage_batches += 1
+        batches, loud = self._outage_batches, max(1, self.judge_outage_loud_batches)
+        if batches != 1 and not (batches % loud == 0 and (batches // loud).bit_count() == 1):
+            return
+        counts = collections.Counter((v.error_kind, v.error_status, v.error or v.status) for v in failed)
+        (kind, status, error), count = counts.most_common(1)[0]
+        fix = _judge_fix(kind, status, client)
+        if batches < loud:
+            logger.warning(
+                "Every judge call of this batch failed (%d of %d, step %d) at %s (model %r); the most common error "
+                "(%d): %s. These rollouts get zero judge credit and keep their outcome advantage; training goes on "
+                "(judge/failure_ratio = 1.0). Fix: %s",
+                len(failed),
+                len(verdicts),
+                self.state.global_step,
+                url,
+                model,
+                count,
+                error,
+                fix,
+            )
+        else:
+            logger.error(
+                "Every judge call has failed for %d batches in a row (step %d): judge credit is OFF and this run is "
+                "training plain GRPO. Judge endpoint %s (model %r), last error: %s. Fix: %s Training goes on; "
+                "stop it if judge credit is what you want.",
+                batches,
+                self.state.global_step,
+                url,
+                model,
+                error,
+                fix,
+            )
 
     @property
     def judge_audit_path(self) -> str | None:
@@ -570,6 +676,7 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
         else:  # an earlier hook already made them per-token
             batch["advantages"] = advantages + credit
         self._write_audit(mode, pending, verdicts)
+        self._report_judge_outage(verdicts)
         blocking = pending.start_seconds + time.perf_counter() - entered
         self._log_judge_metrics(mode, advantages, credit, loss_mask, verdicts, waited, blocking)
         return batch
@@ -667,12 +774,51 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
             )
 
 
+def _judge_fix(kind: str | None, status: int | None, client: Any) -> str:
+    """What to change for a judge call that failed with this `ChatCallError` kind (and HTTP status)."""
+    url, model = getattr(client, "base_url", "?"), getattr(client, "model", "?")
+    if kind == "connection":
+        return (
+            f"nothing answers at {url}: start the judge server (e.g. `vllm serve {model} --port 8000`) or set "
+            "judge_base_url to the endpoint that serves it (OpenAI-compatible, usually ending in /v1)."
+        )
+    if kind == "timeout":
+        return (
+            f"the endpoint took longer than judge_timeout={getattr(client, 'timeout', '?')} s: check that it is not "
+            "overloaded, raise judge_timeout or lower judge_max_concurrency."
+        )
+    if kind == "rate_limit":
+        return "the endpoint rate-limits the judge (HTTP 429): lower judge_max_concurrency or raise judge_max_retries."
+    if kind == "client_error" and status in (401, 403):
+        return (
+            f"the endpoint refused the API key (HTTP {status}): put the key in the environment variable named by "
+            f"judge_api_key_env (now {getattr(client, 'api_key_env', None)!r})."
+        )
+    if kind == "client_error" and status == 404:
+        return (
+            f"HTTP 404: check that judge_base_url={url!r} is the OpenAI-compatible root (usually ending in /v1) and "
+            f"that judge_model={model!r} is a model it serves."
+        )
+    if kind == "client_error":
+        return f"the endpoint rejected the request (HTTP {status}): check judge_model={model!r} and judge_max_tokens."
+    if kind == "server_error":
+        return f"the judge server fails (HTTP {status}): check its logs."
+    if kind == "bad_response":
+        return f"the replies of {url} are not chat completions: point judge_base_url at an OpenAI-compatible endpoint."
+    if kind == "unparseable":
+        return (
+            "the judge answers without a span list: use a stronger judge model, or judge_structured_output='on' "
+            "where the endpoint supports JSON-schema output."
+        )
+    return "see the judge's error above (its traceback is logged where the judge crashed) and judge_audit.jsonl."
+
+
 def _collect(future: Future) -> JudgeVerdict:
     try:
         return future.result()
     except Exception as error:  # SpanJudge.judge does not raise; this guards against cancellation or a bug
         logger.warning("A judge call ended with %r; the rollout gets zero credit.", error)
-        return JudgeVerdict(status="failed", error=f"{type(error).__name__}: {error}")
+        return JudgeVerdict(status="failed", error=f"{type(error).__name__}: {error}", error_kind="internal")
 
 
 def _is_async(func: Any) -> bool:

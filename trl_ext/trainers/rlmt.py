@@ -37,6 +37,7 @@ from ..rewards.rlmt import (
     stop_token_cut,
 )
 from .ext_grpo import ExtGRPOConfig, ExtGRPOTrainer
+from .requirements import check_trainer_inputs
 from .trl_seam import BatchScope
 
 logger = logging.getLogger(__name__)
@@ -229,6 +230,8 @@ class RLMTTrainer(ExtGRPOTrainer):
                 eval_dataset = {key: self._format(value, args) for key, value in eval_dataset.items()}
             else:
                 eval_dataset = self._format(eval_dataset, args)
+        # What the reward functions need (packages, columns, prompt format) fails now, not at the first batch.
+        check_trainer_inputs("RLMTTrainer", reward_funcs, (train_dataset, eval_dataset), kwargs)
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *pargs, **kwargs)
 
     @staticmethod

@@ -44,6 +44,7 @@ from ..rlm.sandbox import SandboxArguments, isolation_report, resolve_isolation
 from ..rlm.scaffold import ScaffoldArguments
 from ..text import last_user_text
 from .ext_grpo import ExtGRPOConfig, ExtGRPOTrainer, written_after
+from .requirements import changed_settings, check_trainer_inputs
 from .trl_seam import BatchScope
 
 logger = logging.getLogger(__name__)
@@ -175,6 +176,16 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
         if args is None:
             args = StepwiseRLMConfig("StepwiseRLM")
         self._rlm_generator = kwargs.pop("generator", None)
+        # A context_column other than the default must exist (a typo would silently make the prompt the context);
+        # the default "context" is optional. The rollout function adds "rlm_has_answer" for the reward functions.
+        check_trainer_inputs(
+            "StepwiseRLMTrainer",
+            reward_funcs,
+            pargs,
+            kwargs,
+            column_settings=changed_settings(args, ("context_column",)),
+            extra_columns=("rlm_has_answer",),
+        )
         with warnings.catch_warnings():  # the rollout function is ours, not the user's experimental one
             warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
             super().__init__(model, reward_funcs, args, *pargs, rollout_func=_rlm_rollout, **kwargs)

@@ -27,13 +27,19 @@ def select_dpo_pair(scores: Sequence[float | None], min_margin: float = 0.0) -> 
     """
     if min_margin < 0:
         raise ValueError(f"min_margin={min_margin} must be >= 0.")
+    pair = _pair_or_reason(scores, min_margin)
+    return pair if isinstance(pair, tuple) else None
+
+
+def _pair_or_reason(scores: Sequence[float | None], min_margin: float) -> tuple[int, int] | str:
+    """`select_dpo_pair`'s pair, or why there is none: ``"too_few_valid"`` or ``"no_margin"``."""
     valid = [(i, float(s)) for i, s in enumerate(scores) if s is not None and math.isfinite(s)]
     if len(valid) < 2:
-        return None
+        return "too_few_valid"
     best = max(valid, key=lambda item: (item[1], -item[0]))
     worst = min(valid, key=lambda item: (item[1], item[0]))
     if best[1] - worst[1] <= min_margin:
-        return None
+        return "no_margin"
     return best[0], worst[0]
 
 
@@ -44,13 +50,18 @@ def build_dpo_pairs(
     *,
     group_ids: Sequence[Any] | None = None,
     min_margin: float = 0.0,
+    allow_empty: bool = False,
 ) -> Any:
     """On-policy DPO rows from scored samples: per prompt, chosen = best and rejected = worst by score.
 
     Samples are grouped by ``group_ids`` when given, else by equal prompts (groups keep the order in which they
     first appear). Groups without a preference (`select_dpo_pair`: fewer than two valid scores, or all tied within
-    ``min_margin``) are skipped and counted in the log. Completions are kept whole (plan and response): the policy
-    learns to produce both, while the scores came from the response alone.
+    ``min_margin``) are skipped, counted in a warning with the reason. Completions are kept whole (plan and
+    response): the policy learns to produce both, while the scores came from the response alone.
+
+    Raises:
+        ValueError: when no prompt gave a pair (unless ``allow_empty``), saying why and what to change: TRL's
+            ``DPOTrainer`` cannot train on an empty dataset (it stops with a bare ``StopIteration``).
 
     Returns:
         A `datasets.Dataset` with ``prompt``, ``chosen``, ``rejected`` (the formats TRL's ``DPOTrainer`` reads:
@@ -70,12 +81,18 @@ def build_dpo_pairs(
     for i, prompt in enumerate(prompts):
         key = group_ids[i] if group_ids is not None else _prompt_key(prompt)
         groups.setdefault(key, []).append(i)
+    if min_margin < 0:
+        raise ValueError(f"min_margin={min_margin} must be >= 0.")
     rows: dict[str, list[Any]] = {"prompt": [], "chosen": [], "rejected": [], "chosen_score": [], "rejected_score": []}
-    skipped = 0
+    too_few, no_margin, identical = 0, 0, 0
     for members in groups.values():
-        pair = select_dpo_pair([scores[i] for i in members], min_margin)
-        if pair is None:
-            skipped += 1
+        pair = _pair_or_reason([scores[i] for i in members], min_margin)
+        if pair == "too_few_valid":
+            too_few += 1
+            continue
+        if pair == "no_margin":
+            no_margin += 1
+            identical += len({_prompt_key(completions[i]) for i in members}) == 1
             continue
         chosen, rejected = members[pair[0]], members[pair[1]]
         rows["prompt"].append(prompts[chosen])
@@ -83,13 +100,44 @@ def build_dpo_pairs(
         rows["rejected"].append(_as_dpo_completion(completions[rejected], prompts[chosen]))
         rows["chosen_score"].append(float(scores[chosen]))
         rows["rejected_score"].append(float(scores[rejected]))
-    logger.info(
-        "On-policy DPO pairs: %d pairs from %d prompts (%d skipped: fewer than two valid scores or no margin).",
+    skipped = too_few + no_margin
+    reasons = _skip_reasons(too_few, no_margin, identical, min_margin) if groups else "no samples were given"
+    if not rows["prompt"] and not allow_empty:
+        raise ValueError(
+            f"No on-policy DPO pair: none of the {len(groups)} prompt(s) of {len(prompts)} sample(s) had a best and a "
+            f"worst sample to pair ({reasons}). TRL's DPOTrainer cannot train on an empty dataset."
+        )
+    log = logger.warning if skipped else logger.info
+    log(
+        "On-policy DPO pairs: %d pair(s) from %d prompt(s); %d prompt(s) gave no pair%s.",
         len(rows["prompt"]),
         len(groups),
         skipped,
+        f" ({reasons})" if skipped else "",
     )
     return Dataset.from_dict(rows)
+
+
+def _skip_reasons(too_few: int, no_margin: int, identical: int, min_margin: float) -> str:
+    """Why prompts gave no pair, and what to change, for the log and the error."""
+    reasons = []
+    if too_few:
+        reasons.append(
+            f"{too_few} had fewer than two valid scores: each prompt needs at least 2 samples (num_samples) and the "
+            "scorer returned None or NaN for the others; check the scorer"
+        )
+    if no_margin:
+        margin = f"within min_margin={min_margin:g}" if min_margin > 0 else "equal"
+        text = f"{no_margin} had all their scores {margin}"
+        if identical:
+            text += f" ({identical} of them with identical samples: raise temperature or num_samples)"
+        text += (
+            ": lower min_margin, sample more (num_samples) or more diversely (temperature), or use a scorer that "
+            "tells the samples apart (a constant score gives no preference, and a strict RewardModelScorer gives "
+            "every malformed completion the same lowest score: check the format, or strict=False)"
+        )
+        reasons.append(text)
+    return "; ".join(reasons)
 
 
 def _prompt_key(prompt: Any) -> str:
@@ -118,6 +166,7 @@ def sample_on_policy_pairs(
     min_margin: float = 0.0,
     generation_kwargs: dict[str, Any] | None = None,
     scorer_kwargs: dict[str, Sequence[Any]] | None = None,
+    allow_empty: bool = False,
 ) -> Any:
     """Sample ``num_samples`` completions per prompt from the policy with ``transformers``, score them with
     ``scorer`` (any TRL-style reward function, e.g. a `RewardModelScorer`; async ones are awaited), and build the
@@ -125,7 +174,8 @@ def sample_on_policy_pairs(
 
     Conversational prompts are rendered with the tokenizer's chat template (generation prompt added); string
     prompts (the "zero" format) are used as they are. Completions are cut after the first stop string.
-    ``scorer_kwargs`` holds per-prompt dataset columns for the scorer (repeated per sample here).
+    ``scorer_kwargs`` holds per-prompt dataset columns for the scorer (repeated per sample here). When no prompt
+    gives a pair, a `ValueError` says why (see `build_dpo_pairs`; ``allow_empty=True`` returns the empty dataset).
     """
     if num_samples < 2:
         raise ValueError(f"num_samples={num_samples}: a pair needs at least 2 samples per prompt (the paper uses 8).")
@@ -162,7 +212,9 @@ def sample_on_policy_pairs(
     scores = scorer(prompts=all_prompts, completions=all_completions, **columns)
     if inspect.isawaitable(scores):
         scores = asyncio.run(_await(scores))
-    return build_dpo_pairs(all_prompts, all_completions, list(scores), group_ids=group_ids, min_margin=min_margin)
+    return build_dpo_pairs(
+        all_prompts, all_completions, list(scores), group_ids=group_ids, min_margin=min_margin, allow_empty=allow_empty
+    )
 
 
 async def _await(awaitable: Any) -> Any:
