@@ -19,7 +19,7 @@ def test_version_subprocess():
 def test_help_lists_the_subcommands(capsys):
     assert main([]) == 0
     printed = capsys.readouterr().out
-    for command in ("quickstart", "train", "push", "plot"):
+    for command in ("quickstart", "train", "tiny-model", "push", "plot"):
         assert command in printed
 
 
@@ -41,6 +41,35 @@ def test_bad_arguments_exit_2_with_the_reason(argv, message, capsys):
         main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_train_without_a_file_names_only_the_file(capsys):
+    """The overrides after CONFIG.yaml are optional: only the missing file is named."""
+    with pytest.raises(SystemExit):
+        main(["train"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "trl-ext train: error: the following arguments are required: CONFIG.yaml"
+    assert build_parser().parse_args(["train", "r.yaml"]).overrides == []
+
+
+def test_tiny_model_writes_folders_transformers_loads(tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    folder = tmp_path / "tiny"
+    assert main(["tiny-model", str(folder)]) == 0
+    assert f"--model_name_or_path {folder}" in capsys.readouterr().out
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert type(model).__name__ == "Qwen2ForCausalLM" and AutoTokenizer.from_pretrained(folder).chat_template
+    assert main(["tiny-model", str(folder)]) == 0  # again: the tiny model there is replaced
+    assert main(["tiny-model", str(tmp_path / "rm"), "--reward-model"]) == 0
+    assert "--reward_model_name_or_path" in capsys.readouterr().out
+    assert AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm").config.num_labels == 1
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("x")
+    assert main(["tiny-model", str(tmp_path / "notes")]) == 2
+    assert "notes is not empty and holds no model (no config.json)" in capsys.readouterr().err
+    assert main(["tiny-model", str(tmp_path / "notes" / "todo.txt")]) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err
 
 
 def test_quickstart_refuses_an_unwritable_output_dir_before_any_work(tmp_path, capsys):

@@ -101,12 +101,18 @@ def test_model_card_content(run_dir):
     meta = yaml.safe_load(card.split("---")[1])
     assert meta["base_model"] == "Qwen/Qwen3-4B"
     assert meta["library_name"] == "peft"
-    assert meta["model_name"] == "tiny-rlm" and "licence" in meta
+    assert meta["model_name"] == "tiny-rlm"
+    assert "licence" not in meta and "license" not in meta  # no placeholder: the run does not know the license
     assert {"generated_from_trainer", "trl", "grpo", "trl-ext", "stepwise-rlm", "ipo-loss", "lora"} <= set(
         meta["tags"]
     )
-    # TRL's card: quick start, training procedure, framework versions, the trainer's and TRL's citations
-    assert '"text-generation", model="someone/tiny-rlm"' in card
+    # TRL's card (training procedure, framework versions, the trainer's and TRL's citations) with a quick start that
+    # loads the adapter: TRL's pipeline(model=<repo>) cannot (the adapter config names no Hub base here)
+    assert "pipeline(" not in card and "## Quick start" in card and "## Loading the adapter" not in card
+    quick_start = card.split("## Quick start", 1)[1].split("## Training procedure", 1)[0]
+    assert 'AutoModelForCausalLM.from_pretrained("Qwen/Qwen3-4B", device_map="auto")' in quick_start
+    assert 'PeftModel.from_pretrained(base, "someone/tiny-rlm")' in quick_start
+    assert 'AutoTokenizer.from_pretrained("someone/tiny-rlm")' in quick_start  # the tokenizer was uploaded
     assert "This model was trained with Stepwise RLM." in card and f"- TRL: {trl.__version__}" in card
     assert "Cite Stepwise RLM as:" in card and "@misc{kim2026reinforcing," in card and "Cite TRL as:" in card
     # trl-ext's sections come before the citations
@@ -120,7 +126,7 @@ def test_model_card_content(run_dir):
     assert "| `clip_rate_low` | 1 |" in card and "kl_spike" not in card  # rules that never fired are left out
     assert "step 6: `clip_rate_low`" in card
     assert "![" in card and "(monitors.png)" in card
-    assert 'PeftModel.from_pretrained(base, "someone/tiny-rlm")' in card
+    assert "license: apache-2.0" in build_model_card(run_dir, "someone/tiny-rlm", license="apache-2.0").split("---")[1]
 
 
 def test_card_for_a_local_base_model_has_no_hub_metadata(run_dir, tmp_path):
@@ -132,7 +138,9 @@ def test_card_for_a_local_base_model_has_no_hub_metadata(run_dir, tmp_path):
     (local / "trl_ext_run.json").write_text(json.dumps(info), encoding="utf-8")
     card = build_model_card(local, "someone/x")
     assert "base_model:" not in card.split("---")[1]
-    assert "a local model, not on the Hub" in card and "[None]" not in card
+    assert "a local base model (the folder `sft_model`, not on the Hub)" in card and "[None]" not in card
+    assert str(tmp_path) not in card  # the local path stays local
+    assert 'from_pretrained("path/to/the/base/model", device_map="auto")' in card
     assert "Dear diary" in card and "None: no monitor rule fired" in card
     assert "This model was trained with Judge Credit." in card and "@misc{dear_diary_judge2026," in card
     assert "judge-credit" in yaml.safe_load(card.split("---")[1])["tags"]
@@ -151,10 +159,145 @@ def test_card_reports_the_sandbox_and_a_legacy_recipe_run_file(run_dir, tmp_path
     card = build_model_card(local, "someone/x")
     meta = yaml.safe_load(card.split("---")[1])
     assert "judge-credit" in meta["tags"] and meta["datasets"] == "org/data"
-    assert "- recipe: `recipes/judge.yaml`" in card
+    assert "- recipe: `judge.yaml`" in card  # the file name only
     section = card.split("## Sandbox isolation", 1)[1].split("##", 1)[0]
     assert "`process` backend" in section and "- environment (allow-list)" in section
     assert "Left open:" in section and "- the network" in section
+
+
+def _adapter_run(root: Path, *, base: str | None, run_info: dict) -> Path:
+    """An output directory with a tiny LoRA adapter whose adapter_config.json names ``base``, and a run file."""
+    from peft import LoraConfig, get_peft_model
+
+    from trl_ext.testing import build_tiny_model_and_tokenizer
+
+    model, tokenizer = build_tiny_model_and_tokenizer(0)
+    get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    config = json.loads((root / "adapter_config.json").read_text())
+    (root / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": base}))
+    (root / "trl_ext_run.json").write_text(json.dumps(run_info), encoding="utf-8")
+    return root
+
+
+def _run_quick_start(card: str, replacements: dict[str, str]) -> str:
+    """Run the card's quick start with Hub ids and placeholders replaced by local folders; returns what it printed."""
+    import contextlib
+    import io
+
+    code = card.split("## Quick start", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    for old, new in replacements.items():
+        code = code.replace(f'"{old}"', repr(new))
+    code = code.replace("max_new_tokens=128", "max_new_tokens=4").replace(', device_map="auto"', "")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, "<quick start>", "exec"), {})
+    return printed.getvalue()
+
+
+def test_card_quick_start_loads_the_adapter(tmp_path):
+    """The quick start runs: with a Hub base named in adapter_config.json, AutoPeftModelForCausalLM (one line); with a
+    local base, the base from a placeholder path then PeftModel. Run offline with the ids swapped for local folders."""
+    from trl_ext.testing import build_tiny_model_and_tokenizer, save_tiny_model
+
+    base_dir = save_tiny_model(*build_tiny_model_and_tokenizer(0), tmp_path / "base")
+    info = dict(RUN_INFO, base_model="org/tiny-base")
+    hub = _adapter_run(tmp_path / "hub", base="org/tiny-base", run_info=info)
+    card = build_model_card(hub, "someone/adapter")
+    assert 'AutoPeftModelForCausalLM.from_pretrained("someone/adapter", device_map="auto")' in card
+    assert yaml.safe_load(card.split("---")[1])["base_model"] == "org/tiny-base"
+    # AutoPeftModel reads the base from adapter_config.json: point a copy of it at the local base
+    runnable = _adapter_run(tmp_path / "runnable", base=str(base_dir), run_info=info)
+    assert _run_quick_start(card, {"someone/adapter": str(runnable)}) is not None
+
+    local = _adapter_run(tmp_path / "local", base=str(base_dir), run_info=dict(RUN_INFO, base_model=str(base_dir)))
+    card = build_model_card(local, "someone/adapter")
+    assert "AutoPeftModel" not in card and str(tmp_path) not in card
+    _run_quick_start(card, {"someone/adapter": str(local), "path/to/the/base/model": str(base_dir)})
+
+
+def test_card_and_uploaded_run_file_hold_no_local_path_and_only_choices(tmp_path, monkeypatch):
+    """A recipe run from local folders: the card and the uploaded trl_ext_run.json name the base model, the recipe and
+    the data by their last component; the settings table lists choices, not bookkeeping."""
+    import huggingface_hub.constants
+
+    config = {
+        "loss_type": "ipo",
+        "learning_rate": 1e-5,
+        "seed": 7,
+        "output_dir": str(tmp_path / "out"),
+        "logging_dir": str(tmp_path / "out" / "runs"),
+        "run_name": str(tmp_path / "out"),
+        "report_to": [],
+        "model_init_kwargs": {"dtype": "bfloat16"},
+        "hub_model_id": "someone/x",
+        "save_steps": 10,
+        "reward_model_name_or_path": str(tmp_path / "rm"),
+    }
+    info = dict(
+        RUN_INFO,
+        base_model=str(tmp_path / "models" / "policy"),
+        dataset=[str(tmp_path / "data" / "train.jsonl")],
+        config=config,
+        extra={"recipe": str(tmp_path / "recipes" / "mine.yaml")},
+    )
+    root = _adapter_run(tmp_path / "run", base=str(tmp_path / "models" / "policy"), run_info=info)
+    card = build_model_card(root, "someone/x")
+    assert str(tmp_path) not in card
+    assert "the folder `policy`" in card and "- recipe: `mine.yaml`" in card and '`["train.jsonl"]`' in card
+    table = card.split("Settings chosen for this run", 1)[1].split("##", 1)[0]
+    for chosen in ("| `loss_type` | `ipo` |", "| `learning_rate` | `1e-05` |", "| `seed` | `7` |"):
+        assert chosen in table
+    assert "| `reward_model_name_or_path` | `rm` |" in table
+    for bookkeeping in ("output_dir", "logging_dir", "run_name", "report_to", "model_init_kwargs", "hub_", "save_"):
+        assert bookkeeping not in table, bookkeeping
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    with FakeHub() as hub:
+        push_adapter(root, "someone/x", token=TOKEN, endpoint=hub.url)
+    [commit] = hub.commits
+    uploaded = commit["files"]["trl_ext_run.json"].decode()
+    assert str(tmp_path) not in uploaded and str(tmp_path) in (root / "trl_ext_run.json").read_text()
+    assert json.loads(uploaded)["base_model"] == "policy" and json.loads(uploaded)["extra"]["recipe"] == "mine.yaml"
+    assert str(tmp_path) not in commit["files"]["README.md"].decode()
+    adapter = json.loads(commit["files"]["adapter_config.json"].decode())  # PEFT wrote the local base's path
+    assert (
+        adapter["base_model_name_or_path"] == "policy" and str(tmp_path) in (root / "adapter_config.json").read_text()
+    )
+    for name, content in commit["files"].items():
+        assert str(tmp_path).encode() not in (content if isinstance(content, bytes) else content.encode()), name
+
+
+def test_push_failures_say_offline_unreachable_or_refused_token(run_dir, monkeypatch, capsys):
+    """`trl-ext push` tells offline mode, an unreachable Hub and a refused token apart (exit 1), instead of blaming
+    HF_TOKEN for all three."""
+    import socket
+
+    import huggingface_hub.constants
+
+    from trl_ext.cli import main
+    from trl_ext.hub import HubUploadError
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    assert main(["push", str(run_dir), "someone/x"]) == 1
+    err = capsys.readouterr().err
+    assert "the Hub is offline for this process: HF_HUB_OFFLINE is set" in err and "HF_TOKEN" not in err
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    with pytest.raises(HubUploadError, match=f"could not reach the Hub at {closed}") as caught:
+        push_adapter(run_dir, "someone/x", token=TOKEN, endpoint=closed)
+    assert "HF_TOKEN" not in str(caught.value)
+
+    with FakeHub() as hub:
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_TOKEN", "hf_wrong")
+        assert main(["push", str(run_dir), "someone/x"]) == 1
+    err = capsys.readouterr().err
+    assert f"{hub.url} refused the token (HTTP 401" in err and "HF_TOKEN" in err
+    assert not hub.commits
 
 
 def test_run_info_round_trip_and_normalisation(tmp_path):

@@ -162,6 +162,8 @@ def test_recipe_dry_run_builds_the_trainer_on_the_tiny_model(name, tiny, tmp_pat
         overrides += ["--reward_model_name_or_path", str(tiny / "rm"), "--reward_model_dtype", "float32"]
     recipe = parse_recipe(RECIPES / name, overrides)
     dataset = load_dataset("json", data_files=str(tiny / "train.jsonl"), split="train")
+    if name.startswith("judge_credit"):  # the recipe's data is conversational, as TRL's accuracy_reward needs
+        dataset = dataset.map(lambda row: {"prompt": [{"role": "user", "content": row["prompt"]}]})
     trainer = build_trainer(recipe, train_dataset=dataset)
 
     assert type(trainer).__name__ == config_name.replace("Config", "Trainer")
@@ -321,6 +323,159 @@ def test_train_command_runs_in_two_processes(tiny, tmp_path):
     assert (output / "adapter_model.safetensors").is_file()
     [commit] = hub.commits
     assert commit["repo_id"] == "org/toy-rlm" and "adapter_model.safetensors" in commit["files"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The offline commands of docs/recipes.md
+# ----------------------------------------------------------------------------------------------------------------
+DOCS = RECIPES.parent / "docs" / "recipes.md"
+OFFLINE_SECTION = "## Try a recipe offline"
+
+
+def documented_offline_commands() -> list[list[str]]:
+    """The ``trl-ext ...`` commands of the bash blocks of docs/recipes.md's offline section, as argv lists."""
+    import re
+    import shlex
+
+    section = DOCS.read_text(encoding="utf-8").split(OFFLINE_SECTION, 1)[1].split("\n## ", 1)[0]
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", section, flags=re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            argv = shlex.split(line, comments=True)
+            if argv and argv[0] == "trl-ext":
+                commands.append(argv[1:])
+    return commands
+
+
+def train_commands() -> list[list[str]]:
+    return [argv for argv in documented_offline_commands() if argv[0] == "train"]
+
+
+@pytest.fixture
+def docs_cwd(tiny, tmp_path, monkeypatch):
+    """An empty working directory as a reader's: recipes/ of the repository, and the folders `trl-ext tiny-model`
+    writes (the fixture's tiny models, the same builders)."""
+    import shutil
+
+    (tmp_path / "recipes").symlink_to(RECIPES)
+    makes = [argv for argv in documented_offline_commands() if argv[0] == "tiny-model"]
+    assert [argv[1] for argv in makes] == ["tiny", "tiny-rm"] and makes[1][2:] == ["--reward-model"]
+    shutil.copytree(tiny / "policy", tmp_path / "tiny")
+    shutil.copytree(tiny / "rm", tmp_path / "tiny-rm")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_docs_offline_commands_cover_every_recipe():
+    recipes = {Path(argv[1]).name for argv in train_commands()}
+    assert recipes == set(PUBLISHED)
+    for argv in train_commands():
+        assert argv[1].startswith("recipes/") and "--model_name_or_path" in argv and "--datasets" in argv
+        assert argv[argv.index("--max_steps") + 1] == "1" and argv[argv.index("--use_vllm") + 1] == "false"
+
+
+@pytest.mark.parametrize("argv", train_commands(), ids=lambda argv: Path(argv[1]).stem)
+def test_docs_offline_command_builds_its_trainer(argv, docs_cwd):
+    """Each documented offline command, offline (HF_HUB_OFFLINE), in a reader's working directory: the tiny model,
+    the local data file instead of the recipe's, the stand-in reward; the recipe's algorithm kept."""
+    config_name, published = PUBLISHED[Path(argv[1]).name]
+    recipe = parse_recipe(argv[1], argv[2:])
+    assert [(d.path, d.data_files) for d in recipe.dataset_args.datasets] == [
+        ("json", "recipes/data/tiny_prompts.jsonl")
+    ]
+    trainer = build_trainer(recipe)
+    assert type(trainer).__name__ == config_name.replace("Config", "Trainer")
+    assert len(trainer.train_dataset) == 16 and {"prompt", "answer"} <= set(trainer.train_dataset.column_names)
+    assert trainer.args.max_steps == 1 and trainer.args.use_vllm is False
+    for key, value in published.items():
+        if key not in ("use_vllm", "max_completion_length", "reward_model_name_or_path", "max_steps"):
+            assert getattr(trainer.args, key) == value, key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv", train_commands(), ids=lambda argv: Path(argv[1]).stem)
+def test_docs_offline_command_trains_one_step(argv, docs_cwd):
+    """The documented offline commands run as written (`trl-ext train ...`): one step on the CPU, outputs saved."""
+    from trl_ext.cli import main
+
+    assert main(argv) == 0
+    output = docs_cwd / argv[argv.index("--output_dir") + 1]
+    info = json.loads((output / "trl_ext_run.json").read_text())
+    assert info["steps"] == 1 and info["dataset"] == ["recipes/data/tiny_prompts.jsonl"]
+    assert info["base_model"] == str(docs_cwd / "tiny")
+    assert (output / ("adapter_config.json" if "rlmt" not in argv[1] else "model.safetensors")).is_file()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data and model overrides
+# ----------------------------------------------------------------------------------------------------------------
+def test_command_line_datasets_replace_the_recipes(tiny, tmp_path, monkeypatch):
+    """TRL's `--datasets` (local files or Hub ids) and `--dataset_name` both replace the file's `datasets:`; a local
+    data file is read with its builder (load_dataset("x.jsonl") would look for it on the Hub)."""
+    from trl_ext.recipes import load_recipe_datasets
+
+    monkeypatch.chdir(tiny)
+    recipe_path = write_recipe(tmp_path / "r.yaml", **toy_stepwise_recipe(tiny, tmp_path / "out", push_to_hub=False))
+    recipe_path.write_text(
+        recipe_path.read_text().replace(str(tiny / "train.jsonl"), "data/missing.jsonl"), encoding="utf-8"
+    )
+    with pytest.raises(RecipeError) as caught:  # the recipe's own data file is not there
+        load_recipe_datasets(parse_recipe(recipe_path))
+    assert "cannot load the dataset 'data/missing.jsonl'" in str(caught.value)
+    assert "`--datasets train.jsonl`" in str(caught.value)
+
+    for overrides in (["--datasets", "train.jsonl"], ["--dataset_name", "train.jsonl"], ["--datasets=train.jsonl"]):
+        recipe = parse_recipe(recipe_path, overrides)
+        train, _ = load_recipe_datasets(recipe)
+        assert len(train) == 16 and train[0]["answer"] == "1", overrides
+    assert parse_recipe(recipe_path, ["--dataset_name", "train.jsonl"]).dataset_args.datasets == []
+    with pytest.raises(RecipeError, match="'nope.jsonl': no such data file"):
+        parse_recipe(recipe_path, ["--datasets", "nope.jsonl"])
+    with pytest.raises(RecipeError, match="'nope.jsonl': no such data file"):
+        load_recipe_datasets(parse_recipe(recipe_path, ["--dataset_name", "nope.jsonl"]))
+
+
+def test_a_model_that_is_neither_a_folder_nor_on_the_hub_is_a_clear_error(tiny, tmp_path, monkeypatch):
+    """Offline, `--model_name_or_path tiny` without a `tiny` folder says so and how to make one, instead of
+    transformers' "couldn't connect" from inside the trainer; a path-like name or a file says what is wrong."""
+    import huggingface_hub.constants
+
+    from trl_ext.recipes import check_model_source
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    recipe_path = write_recipe(tmp_path / "r.yaml", **toy_stepwise_recipe(tiny, tmp_path / "out", push_to_hub=False))
+    with pytest.raises(RecipeError) as caught:
+        build_trainer(parse_recipe(recipe_path, ["--model_name_or_path", "tiny"]))
+    message = str(caught.value)
+    assert f"r.yaml: model_name_or_path='tiny': no folder of that name ({tmp_path / 'tiny'} does not exist)" in message
+    assert "the Hub is offline (HF_HUB_OFFLINE is set)" in message and "`trl-ext tiny-model tiny`" in message
+    with pytest.raises(RecipeError, match=r"model_name_or_path='\./tiny': no such folder"):
+        check_model_source("./tiny", "model_name_or_path")
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(RecipeError, match="is a file, not a model folder"):
+        check_model_source("weights.bin", "model_name_or_path")
+    with pytest.raises(RecipeError, match="reward_model_name_or_path='org/rm'.*offline"):
+        check_model_source("org/rm", "reward_model_name_or_path")
+    check_model_source(str(tiny / "policy"), "model_name_or_path")  # a folder passes
+
+
+def test_run_config_lists_the_recipes_choices_only(tiny, tmp_path):
+    """`config` of the run file: the keys the recipe and its command line set that differ from the defaults, without
+    bookkeeping (output_dir, logging, saving, reporting) or what the config derived (generation_batch_size)."""
+    from trl_ext.recipes import config_summary
+
+    recipe = parse_recipe(
+        write_recipe(tmp_path / "r.yaml", **toy_stepwise_recipe(tiny, tmp_path / "out", push_to_hub=False)),
+        ["--learning_rate", "0.002", "--seed=3"],
+    )
+    summary = config_summary(recipe.training_args, recipe.set_keys)
+    assert summary["learning_rate"] == 0.002 and summary["seed"] == 3 and summary["loss_type"] == "ipo"
+    assert summary["max_turns"] == 2 and summary["num_generations"] == 4
+    for key in ("output_dir", "logging_steps", "report_to", "save_strategy", "disable_tqdm", "use_cpu"):
+        assert key not in summary, key
+    assert "generation_batch_size" not in summary and "model_init_kwargs" not in summary
+    assert set(summary) <= recipe.set_keys
 
 
 # ----------------------------------------------------------------------------------------------------------------

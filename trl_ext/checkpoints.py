@@ -196,8 +196,9 @@ def resolve_resume_checkpoint(
 
     Raises:
         ValueError: True and ``output_dir`` has no checkpoint (transformers' own error: "No valid checkpoint found
-            in output directory (...)") or only incomplete ones (named, with the fix); a path that is incomplete
-            (named with its problem and the complete checkpoints next to it).
+            in output directory (...)") or only incomplete ones (named, with the fix); a path that does not exist
+            (said so, with the checkpoints found in ``output_dir``); a path that is incomplete (named with its
+            problem and the complete checkpoints next to it).
         FileNotFoundError: True and ``output_dir`` does not exist (as transformers).
     """
     if resume_from_checkpoint is None or resume_from_checkpoint is False:
@@ -218,6 +219,12 @@ def resolve_resume_checkpoint(
             "resume_from_checkpoint=None)."
         )
     path = Path(resume_from_checkpoint)
+    if not path.exists():
+        raise ValueError(f"Cannot resume from {path}: it does not exist. {_checkpoints_found(output_dir, path)}")
+    if not path.is_dir():
+        raise ValueError(
+            f"Cannot resume from {path}: it is a file, not a checkpoint folder. {_checkpoints_found(output_dir, path)}"
+        )
     problem = checkpoint_problem(path, required_files)
     if problem is None:
         return str(resume_from_checkpoint)
@@ -231,6 +238,26 @@ def resolve_resume_checkpoint(
         else f"there is no complete checkpoint next to it in {path.parent}: train from the start"
     )
     raise ValueError(f"Cannot resume from {path}: {problem}. The checkpoint is incomplete; {fix}.")
+
+
+def _checkpoints_found(output_dir: str | os.PathLike[str], path: Path) -> str:
+    """What to resume from instead of the missing ``path``: the checkpoints of ``output_dir`` (and of the folder
+    ``path`` names, when it is another), each complete or with its problem."""
+    folders = list(dict.fromkeys(Path(folder) for folder in (output_dir, path.parent) if Path(folder).is_dir()))
+    found = [(checkpoint, problem) for folder in folders for checkpoint, problem in complete_checkpoints(folder)]
+    if not found:
+        where = " or ".join(str(folder) for folder in folders) or f"output_dir ({output_dir}, which does not exist)"
+        return (
+            f"There is no checkpoint-N folder in {where}: check the path, or train from the start "
+            "(resume_from_checkpoint=None)."
+        )
+    listed = ", ".join(
+        f"{checkpoint}" + ("" if problem is None else f" (incomplete: {problem})") for checkpoint, problem in found
+    )
+    return (
+        f"Checkpoints found: {listed}. Pass one of the complete ones, or resume_from_checkpoint=true for the latest "
+        "complete one of output_dir."
+    )
 
 
 def name_disk_full(error: BaseException, folder: str | os.PathLike[str]) -> OSError | None:

@@ -1,4 +1,4 @@
-"""The `trl-ext` command line: ``quickstart``, ``train``, ``push`` and ``plot``.
+"""The `trl-ext` command line: ``quickstart``, ``train``, ``tiny-model``, ``push`` and ``plot``.
 
 Heavy imports (TRL, transformers) happen inside the subcommands, so ``trl-ext --help`` and argument errors are
 instant. Under Accelerate: ``accelerate launch -m trl_ext.cli train CONFIG.yaml`` (or ``accelerate launch $(which
@@ -81,8 +81,30 @@ def build_parser() -> argparse.ArgumentParser:
         "trl_ext.cli train CONFIG.yaml`.",
     )
     train.add_argument("config", metavar="CONFIG.yaml", help="the recipe (see recipes/)")
-    train.add_argument("overrides", nargs=argparse.REMAINDER, help="--key value pairs that override the recipe")
+    overrides = train.add_argument(
+        "overrides", nargs=argparse.REMAINDER, help="--key value pairs that override the recipe (optional)"
+    )
+    overrides.required = False  # argparse counts a REMAINDER positional as required: "CONFIG.yaml, overrides"
     train.set_defaults(func=_train)
+
+    tiny = sub.add_parser(
+        "tiny-model",
+        help="write a tiny offline model and tokenizer to DIR, for --model_name_or_path DIR in dry runs",
+        description="Write a tiny randomly initialised Qwen2 model (~30k parameters) and its tokenizer with a ChatML "
+        "chat template to DIR, built offline (trl_ext.testing). Use it to try a recipe without the Hub or a GPU: "
+        "`trl-ext tiny-model tiny && trl-ext train RECIPE.yaml --model_name_or_path tiny ...` (docs/recipes.md). "
+        "It learns nothing useful: it checks that a setup runs.",
+    )
+    tiny.add_argument("directory", metavar="DIR", help="the folder to write (created; a tiny model there is replaced)")
+    kind = tiny.add_mutually_exclusive_group()
+    kind.add_argument(
+        "--reward-model",
+        action="store_true",
+        help="a sequence-classification reward model (one label), e.g. for reward_model_name_or_path or reward_models",
+    )
+    kind.add_argument("--vllm", action="store_true", help="a model vLLM's CPU build loads (one 32-wide head)")
+    tiny.add_argument("--seed", type=_seed, default=0, help="seeds the weights (default: %(default)s)")
+    tiny.set_defaults(func=_tiny_model)
 
     push = sub.add_parser(
         "push",
@@ -96,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--private", action="store_true", help="create the repository private")
     push.add_argument("--revision", default=None, help="branch to commit to (default: main)")
     push.add_argument("--commit-message", default=None, help="commit message")
+    push.add_argument(
+        "--license",
+        default=None,
+        help="license id for the card's metadata, e.g. apache-2.0 (usually the base model's; default: none written)",
+    )
     push.add_argument("--dry-run", action="store_true", help="print the files and the model card, upload nothing")
     push.set_defaults(func=_push)
 
@@ -293,6 +320,7 @@ def format_quickstart_report(result: Any, wall_time_s: float) -> str:
 # train
 # ----------------------------------------------------------------------------------------------------------------
 def _train(args: argparse.Namespace) -> int:
+    from trl_ext.hub import HubUploadError
     from trl_ext.recipes import RecipeError, parse_recipe, train_from_recipe
 
     try:
@@ -301,6 +329,17 @@ def _train(args: argparse.Namespace) -> int:
     except RecipeError as error:
         print(f"trl-ext train: error: {error}", file=sys.stderr)
         return 2
+    except ImportError as error:  # a missing optional dependency, named with its install command
+        print(f"trl-ext train: error: {error}", file=sys.stderr)
+        return 2
+    except HubUploadError as error:  # training finished and the outputs are saved; only the push failed
+        output_dir = recipe.training_args.output_dir
+        print(
+            f"trl-ext train: error: training finished and the outputs are saved in {output_dir}, but {error}. "
+            f"Push them later with `trl-ext push {output_dir} <user>/<repo>`.",
+            file=sys.stderr,
+        )
+        return 1
     if trainer.accelerator.is_main_process:
         print(
             f"trl-ext train: done; adapter/model, trainer state and trl_ext_run.json in {recipe.training_args.output_dir}"
@@ -309,16 +348,58 @@ def _train(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# tiny-model
+# ----------------------------------------------------------------------------------------------------------------
+def _tiny_model(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    directory = Path(args.directory)
+    if directory.exists() and not directory.is_dir():
+        print(f"trl-ext tiny-model: error: {directory} exists and is not a directory; pass a folder.", file=sys.stderr)
+        return 2
+    if directory.is_dir() and any(directory.iterdir()) and not (directory / "config.json").is_file():
+        print(
+            f"trl-ext tiny-model: error: {directory} is not empty and holds no model (no config.json); pass a new or "
+            "empty folder.",
+            file=sys.stderr,
+        )
+        return 2
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers.utils import logging as hf_logging
+
+    from trl_ext.testing import build_tiny_model_and_tokenizer, build_tiny_reward_model, save_tiny_model
+
+    hf_logging.disable_progress_bar()  # "Writing model shards": one file, a few kB
+
+    if args.reward_model:
+        model, tokenizer = build_tiny_reward_model(args.seed)
+        what = "reward model (Qwen2ForSequenceClassification, one label)"
+    else:
+        model, tokenizer = build_tiny_model_and_tokenizer(args.seed, vllm=args.vllm)
+        what = "causal LM (Qwen2ForCausalLM" + (", vLLM-compatible)" if args.vllm else ")")
+    try:
+        save_tiny_model(model, tokenizer, directory)
+    except OSError as error:
+        print(f"trl-ext tiny-model: error: cannot write {directory} ({error}).", file=sys.stderr)
+        return 1
+    parameters = sum(p.numel() for p in model.parameters())
+    print(f"trl-ext tiny-model: a tiny {what}, {parameters:,} parameters, and its tokenizer in {directory}/")
+    key = "reward_model_name_or_path" if args.reward_model else "model_name_or_path"
+    print(f"  use it offline: trl-ext train RECIPE.yaml --{key} {directory} ...  (docs/recipes.md)")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # push
 # ----------------------------------------------------------------------------------------------------------------
 def _push(args: argparse.Namespace) -> int:
-    from trl_ext.hub import PushError, build_model_card, collect_adapter_files, push_adapter
+    from trl_ext.hub import HubUploadError, PushError, build_model_card, collect_adapter_files, push_adapter
 
     try:
         if args.dry_run:
             files = collect_adapter_files(args.output_dir)
             print("files:", ", ".join(sorted([*files.files, "README.md"])))
-            print(build_model_card(args.output_dir, args.repo_id, files))
+            print(build_model_card(args.output_dir, args.repo_id, files, license=args.license))
             return 0
         info = push_adapter(
             args.output_dir,
@@ -326,17 +407,14 @@ def _push(args: argparse.Namespace) -> int:
             private=args.private,
             revision=args.revision,
             commit_message=args.commit_message,
+            license=args.license,
         )
+    except HubUploadError as error:  # offline, unreachable, refused token, ...: one line saying which
+        print(f"trl-ext push: error: {error}", file=sys.stderr)
+        return 1
     except (PushError, ValueError) as error:
         print(f"trl-ext push: error: {error}", file=sys.stderr)
         return 2
-    except Exception as error:  # noqa: BLE001 - network/auth errors from huggingface_hub: one clear line
-        name = type(error).__name__
-        print(
-            f"trl-ext push: error: the upload failed ({name}: {error}). Check HF_TOKEN or `hf auth login`.",
-            file=sys.stderr,
-        )
-        return 1
     print(f"trl-ext push: {getattr(info, 'commit_url', None) or args.repo_id}")
     return 0
 

@@ -23,18 +23,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .run_info import RUN_INFO_FILE, RunInfo, read_run_info
+from .run_info import RUN_INFO_FILE, RunInfo, is_setting_choice, read_run_info
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "METHODS",
     "AdapterFiles",
+    "HubUploadError",
     "MethodCard",
     "PushError",
     "build_model_card",
     "collect_adapter_files",
+    "describe_hub_error",
     "find_adapter_dir",
+    "public_run_info",
+    "public_value",
     "push_adapter",
 ]
 
@@ -220,6 +224,63 @@ class PushError(RuntimeError):
     """Nothing pushable in the output directory (no adapter), or full weights where an adapter was expected."""
 
 
+class HubUploadError(PushError):
+    """The upload itself failed; the message says whether the Hub was offline or unreachable, refused the token, or
+    answered with another error (`describe_hub_error`)."""
+
+
+_NETWORK_ERROR_NAMES = {"ConnectError", "ConnectTimeout", "NetworkError", "TimeoutException", "TransportError"}
+
+
+def describe_hub_error(error: BaseException, endpoint: str | None = None) -> str:
+    """One sentence on why a Hub call failed, with the fix: offline mode (``HF_HUB_OFFLINE``), the network (no
+    connection to the endpoint), the token (HTTP 401/403) or another answer of the Hub.
+
+    Args:
+        error: what `huggingface_hub` raised.
+        endpoint: the endpoint called (default: ``HF_ENDPOINT`` or huggingface.co).
+    """
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    endpoint = endpoint or constants.ENDPOINT
+    chain: list[BaseException] = []
+    item: BaseException | None = error
+    while item is not None and item not in chain:
+        chain.append(item)
+        item = item.__cause__ or item.__context__
+    if any(isinstance(item, OfflineModeIsEnabled) for item in chain):
+        return (
+            "the Hub is offline for this process: HF_HUB_OFFLINE is set, so nothing can be uploaded. Unset it "
+            "(`unset HF_HUB_OFFLINE` or HF_HUB_OFFLINE=0) on a machine with network access, then push again."
+        )
+    for item in chain:
+        if isinstance(item, HfHubHTTPError) and getattr(item.response, "status_code", None) in (401, 403):
+            status = item.response.status_code
+            what = (
+                "refused the token (HTTP 401: missing, invalid or expired)"
+                if status == 401
+                else "refused the upload (HTTP 403: the token cannot write to this repository)"
+            )
+            return (
+                f"{endpoint} {what}. Set HF_TOKEN to a token with write access (or `hf auth login`), and check that "
+                "the namespace of the repository id is yours or an organization you can write to."
+            )
+    if any(
+        isinstance(item, (ConnectionError, TimeoutError))
+        or {cls.__name__ for cls in type(item).__mro__} & _NETWORK_ERROR_NAMES
+        for item in chain
+    ):
+        return (
+            f"could not reach the Hub at {endpoint} ({type(error).__name__}: {error}). Check the network connection, "
+            "a proxy, or HF_ENDPOINT; the token was not checked."
+        )
+    if isinstance(error, HfHubHTTPError):
+        status = getattr(error.response, "status_code", "?")
+        return f"the Hub at {endpoint} answered HTTP {status}: {error}"
+    return f"the upload failed ({type(error).__name__}: {error})."
+
+
 @dataclass
 class AdapterFiles:
     """What `push_adapter` uploads: repo path -> local file, and the run's ``trl_ext_run.json`` (None without one)."""
@@ -304,32 +365,88 @@ def _on_hub(name: Any) -> bool:
     return isinstance(name, str) and bool(_HUB_ID.match(name)) and not Path(name).exists()
 
 
-def build_model_card(output_dir: str | os.PathLike[str], repo_id: str, files: AdapterFiles | None = None) -> str:
+_WINDOWS_ABSOLUTE = re.compile(r"^[A-Za-z]:[\\/]")
+
+
+def _is_local_path(value: Any) -> bool:
+    """An absolute file-system path (``/home/me/run``, ``~/models/x``, ``C:\\runs\\x``): machine-specific, never
+    published."""
+    return (
+        isinstance(value, str)
+        and "\n" not in value
+        and (value.startswith("~") or os.path.isabs(value) or bool(_WINDOWS_ABSOLUTE.match(value)))
+    )
+
+
+def _path_name(value: str) -> str:
+    """The last component of a path (``/home/me/runs/sft_model/`` -> ``sft_model``)."""
+    return re.split(r"[\\/]", value.rstrip("/\\"))[-1] or value
+
+
+def public_value(value: Any) -> Any:
+    """``value`` (JSON-like) with every absolute local path replaced by its last component: what a published file
+    (the model card, the uploaded ``trl_ext_run.json``) may say about the machine the run was on."""
+    if isinstance(value, str):
+        return _path_name(value) if _is_local_path(value) else value
+    if isinstance(value, Mapping):
+        return {key: public_value(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [public_value(item) for item in value]
+    return value
+
+
+def public_run_info(info: RunInfo) -> RunInfo:
+    """The run file as `push_adapter` uploads it: `public_value` of every field (local paths -> folder/file names)."""
+    return RunInfo.from_dict(public_value(info.to_dict()))
+
+
+def build_model_card(
+    output_dir: str | os.PathLike[str],
+    repo_id: str,
+    files: AdapterFiles | None = None,
+    *,
+    license: str | None = None,  # noqa: A002 - the Hub's metadata key
+) -> str:
     """The ``README.md`` of the adapter repository: TRL's model card with trl-ext's sections.
 
     The base is `trl.trainer.utils.generate_model_card` fed exactly as `trainer.create_model_card()` feeds it
-    (the trainer's `_tag_names`, `_name` and `_paper`, from `METHODS`): YAML metadata (base model, tags, model name,
-    licence), TRL's quick start, training procedure, framework versions and citations. The metadata says
-    ``library_name: peft`` (the repository holds an adapter) and adds the tags ``peft``, ``lora`` (and ``ipo-loss``).
-    Before the citations come trl-ext's sections, from ``trl_ext_run.json``: how to load the adapter, the method
-    and its sources, the non-default configuration, the final metrics, the monitors' alerts, the REPL sandbox's
-    isolation (when the run had REPLs) and the ``monitors.png`` curves.
+    (the trainer's `_tag_names`, `_name` and `_paper`, from `METHODS`): YAML metadata (base model, tags, model name),
+    training procedure, framework versions and citations. trl-ext changes what does not fit an adapter repository:
+
+    - the metadata says ``library_name: peft`` and adds the tags ``peft``, ``lora`` (and ``ipo-loss``);
+      ``base_model`` only when the base is a Hub model (a local folder has no Hub page, and its path stays local);
+      ``license`` only when given (TRL's template writes the placeholder ``licence: license``);
+    - the quick start loads the adapter with PEFT (TRL's ``pipeline(model=<repo>)`` cannot load an adapter whose
+      base is not on the Hub): ``AutoPeftModelForCausalLM`` when the adapter config names the Hub base model, else
+      the base model then ``PeftModel``; for a local base it says so instead of printing the path.
+
+    Before the citations come trl-ext's sections, from ``trl_ext_run.json``: the method and its sources, the settings
+    the run chose, the final metrics, the monitors' alerts, the REPL sandbox's isolation (when the run had REPLs)
+    and the ``monitors.png`` curves. No absolute local path appears anywhere (`public_value`): a local base model,
+    the recipe and local data files are named by their last component.
+
+    Args:
+        output_dir: the run's output directory.
+        repo_id: the Hub repository, ``user/name``.
+        files: `collect_adapter_files` of ``output_dir`` (computed when None).
+        license: the license id for the metadata (e.g. ``apache-2.0``; usually the base model's), or None to leave
+            it out.
     """
     from trl.trainer.utils import generate_model_card
 
     root = Path(output_dir)
     files = files if files is not None else collect_adapter_files(root)
-    info = files.run_info if files.run_info is not None else RunInfo(source="unknown")
+    info = public_run_info(files.run_info) if files.run_info is not None else RunInfo(source="unknown")
     adapter = _adapter_config(files.adapter_dir)
     method = METHODS.get(info.method or "grpo", METHODS["grpo"])
     uses_ipo = info.config.get("loss_type") == "ipo"
-    base_model = info.base_model or adapter.get("base_model_name_or_path")
-    base_on_hub = _on_hub(base_model)
+    raw_base = (files.run_info.base_model if files.run_info else None) or adapter.get("base_model_name_or_path")
+    base_on_hub = _on_hub(raw_base) and not _is_local_path(raw_base)
     tags = [*method.tag_names, "peft", "lora", *(["ipo-loss"] if uses_ipo else [])]
     dataset = info.dataset if _on_hub(info.dataset) else None
 
     card = generate_model_card(
-        base_model=base_model if base_on_hub else None,
+        base_model=raw_base if base_on_hub else None,
         model_name=repo_id.split("/")[-1],
         hub_model_id=repo_id,
         dataset_name=dataset,
@@ -342,54 +459,109 @@ def build_model_card(output_dir: str | os.PathLike[str], repo_id: str, files: Ad
         paper_id=method.paper.get("id"),
     )
     card.data.library_name = "peft"  # an adapter repository: the Hub loads it with PEFT on top of base_model
+    card.data.licence = None  # TRL's placeholder ("licence: license"): no license is known from the run
+    if license:
+        card.data.license = license
     text = str(card)
-    if not base_on_hub:  # TRL's template links the base model whatever it is; a local one has no Hub page
-        where = (
-            f"`{base_model}` (a local model, not on the Hub: you need the same weights to use this adapter)"
-            if base_model
-            else "an unknown base model (the adapter config does not name it)"
+    local_base = None
+    if raw_base and not base_on_hub:
+        local_base = (
+            f"a base model that is not on the Hub (`{raw_base}`)"  # a description, e.g. "tiny (in memory)"
+            if " " in raw_base and not _is_local_path(raw_base)
+            else f"a local base model (the folder `{_path_name(raw_base)}`, not on the Hub)"
         )
+    if not base_on_hub:  # TRL's template links the base model whatever it is; a local one has no Hub page
+        where = local_base or "an unknown base model (the adapter config does not name it)"
         text = text.replace(_TRL_NO_BASE, f"This model is a LoRA adapter for {where}", 1)
-    sections = "\n".join(_trl_ext_sections(root, repo_id, files, info, adapter, method, base_model, uses_ipo))
+    has_tokenizer = any(name in files.files for name in TOKENIZER_FILES)
+    quick_start = _quick_start(repo_id, raw_base if base_on_hub else None, local_base, adapter, has_tokenizer, method)
+    head, found, rest = text.partition(_TRL_QUICK_START)
+    _, after, rest = rest.partition(_TRL_TRAINING_PROCEDURE)
+    if found and after:  # TRL's pipeline() quick start cannot load an adapter: ours loads it with PEFT
+        text = f"{head}{_TRL_QUICK_START}\n{quick_start}\n\n{after}{rest}"
+    else:  # another template: keep it, and add ours
+        text = f"{text.rstrip()}\n\n## Loading the adapter\n\n{quick_start}\n"
+    sections = "\n".join(_trl_ext_sections(root, files, info, adapter, method, uses_ipo))
     head, citations, tail = text.partition("\n## Citations")
     return f"{head.rstrip()}\n\n{sections}\n{citations}{tail}" if citations else f"{text.rstrip()}\n\n{sections}"
 
 
-# What TRL's template writes when `base_model` is None (a local base model).
+# What TRL's template writes when `base_model` is None (a local base model), and its quick start's bounds.
 _TRL_NO_BASE = "This model is a fine-tuned version of [None](https://huggingface.co/None)"
+_TRL_QUICK_START = "## Quick start\n"
+_TRL_TRAINING_PROCEDURE = "## Training procedure"
+_LOCAL_BASE_PLACEHOLDER = "path/to/the/base/model"
+
+
+def _quick_start(
+    repo_id: str,
+    hub_base: str | None,
+    local_base: str | None,
+    adapter: Mapping[str, Any],
+    has_tokenizer: bool,
+    method: MethodCard,
+) -> str:
+    """The card's quick start (markdown): load the adapter with PEFT and generate one reply.
+
+    ``AutoPeftModelForCausalLM`` when the adapter config names the Hub base model (it loads that base, then the
+    adapter); the base by its Hub id then ``PeftModel`` when the adapter config names another one (a local copy);
+    for a local or unknown base, a placeholder path and a sentence saying the same weights are needed.
+    """
+    intro = (
+        f"A LoRA adapter trained with trl-ext, a plugin for [TRL](https://github.com/huggingface/trl): "
+        f"{method.title}. This repository holds the adapter only, not merged weights: "
+    )
+    if hub_base is not None:
+        intro += f"PEFT loads the base model [{hub_base}](https://huggingface.co/{hub_base}) and applies it."
+    else:
+        intro += (
+            f"it was trained on {local_base or 'a base model the run did not record'}, so this card cannot name the "
+            "base model: load the adapter on top of the same weights (replace the placeholder path)."
+        )
+    base_ref = hub_base or _LOCAL_BASE_PLACEHOLDER
+    tokenizer_source = repo_id if has_tokenizer else base_ref
+    lines = [intro, "", "```python"]
+    if hub_base is not None and adapter.get("base_model_name_or_path") == hub_base:
+        lines += [
+            "from peft import AutoPeftModelForCausalLM",
+            "from transformers import AutoTokenizer",
+            "",
+            f'model = AutoPeftModelForCausalLM.from_pretrained("{repo_id}", device_map="auto")  # {hub_base} + adapter',
+        ]
+    else:
+        comment = "" if hub_base is not None else "  # the weights the adapter was trained on"
+        lines += [
+            "from peft import PeftModel",
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "",
+            f'base = AutoModelForCausalLM.from_pretrained("{base_ref}", device_map="auto"){comment}',
+            f'model = PeftModel.from_pretrained(base, "{repo_id}")',
+        ]
+    lines += [
+        f'tokenizer = AutoTokenizer.from_pretrained("{tokenizer_source}")',
+        "",
+        'messages = [{"role": "user", "content": "What is the capital of France?"}]',
+        "inputs = tokenizer.apply_chat_template(",
+        '    messages, add_generation_prompt=True, return_tensors="pt", return_dict=True',
+        ").to(model.device)",
+        "outputs = model.generate(**inputs, max_new_tokens=128)",
+        'print(tokenizer.decode(outputs[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True))',
+        "```",
+    ]
+    return "\n".join(lines)
 
 
 def _trl_ext_sections(
     root: Path,
-    repo_id: str,
     files: AdapterFiles,
     info: RunInfo,
     adapter: Mapping[str, Any],
     method: MethodCard,
-    base_model: str | None,
     uses_ipo: bool,
 ) -> list[str]:
-    """trl-ext's part of the card (markdown lines): loading, method, configuration, metrics, alerts, sandbox, plot."""
-    lines = ["## Loading the adapter", ""]
-    lines.append(
-        f"A LoRA adapter trained with trl-ext, a plugin for [TRL](https://github.com/huggingface/trl): "
-        f"{method.title}. Only the adapter is in this repository, not merged weights: load it on top of the base model."
-    )
-    lines += [
-        "",
-        "```python",
-        "from peft import PeftModel",
-        "from transformers import AutoModelForCausalLM, AutoTokenizer",
-        "",
-    ]
-    base_ref = base_model if base_model else "<base model>"
-    lines.append(f'base = AutoModelForCausalLM.from_pretrained("{base_ref}")')
-    tokenizer_source = repo_id if any(name in files.files for name in TOKENIZER_FILES) else base_ref
-    lines.append(f'tokenizer = AutoTokenizer.from_pretrained("{tokenizer_source}")')
-    lines.append(f'model = PeftModel.from_pretrained(base, "{repo_id}")')
-    lines += ["```", ""]
-
-    lines += [f"## Method: {method.title}", "", method.description, ""]
+    """trl-ext's part of the card (markdown lines): method, configuration, metrics, alerts, sandbox, plot. ``info``
+    is the public run file (`public_run_info`)."""
+    lines = [f"## Method: {method.title}", "", method.description, ""]
     if uses_ipo:
         lines.append(
             "Policy loss: the IPO masking loss (a token is kept when |p − p_old| ≤ ε; the ratio is capped), "
@@ -404,7 +576,7 @@ def _trl_ext_sections(
     details = {
         "trainer": info.trainer,
         "source": None if info.source == "unknown" else info.source,
-        "recipe": info.extra.get("recipe"),
+        "recipe": _path_name(str(info.extra["recipe"])) if info.extra.get("recipe") else None,
         "dataset": info.dataset,
         "reward functions": info.reward_funcs,
         "LoRA": {k: adapter.get(k) for k in ("r", "lora_alpha", "lora_dropout", "target_modules") if k in adapter}
@@ -414,11 +586,12 @@ def _trl_ext_sections(
     for key, value in details.items():
         if value:
             lines.append(f"- {key}: `{_short(value)}`")
-    if info.config:
-        lines += ["", "Settings that differ from the config class's defaults:", ""]
+    chosen = {key: value for key, value in info.config.items() if is_setting_choice(key)}
+    if chosen:
+        lines += ["", "Settings chosen for this run (those that differ from the config class's defaults):", ""]
         lines += ["| parameter | value |", "|---|---|"]
-        for key in sorted(info.config):
-            lines.append(f"| `{key}` | `{_short(info.config[key])}` |")
+        for key in sorted(chosen):
+            lines.append(f"| `{key}` | `{_short(chosen[key])}` |")
 
     shown = [key for key in _CARD_METRICS if key in info.metrics]
     lines += ["", "## Final metrics", ""]
@@ -494,6 +667,7 @@ def push_adapter(
     revision: str | None = None,
     commit_message: str | None = None,
     endpoint: str | None = None,
+    license: str | None = None,  # noqa: A002 - the Hub's metadata key
 ) -> Any:
     """Create ``repo_id`` (if needed) and upload the adapter files and the generated card in one commit.
 
@@ -505,27 +679,44 @@ def push_adapter(
         revision: the branch to commit to (default: the main branch).
         commit_message: default ``"Upload LoRA adapter trained with trl-ext"``.
         endpoint: the Hub endpoint; default ``HF_ENDPOINT`` or huggingface.co.
+        license: the card's license metadata (e.g. ``apache-2.0``), or None to leave it out.
 
     Returns:
         `huggingface_hub.CommitInfo` of the commit.
+
+    Raises:
+        PushError: no adapter in ``output_dir``, or full weights.
+        HubUploadError: the upload failed; the message tells offline mode, an unreachable Hub, a refused token and
+            other Hub errors apart (`describe_hub_error`).
     """
     from huggingface_hub import CommitOperationAdd, HfApi
 
     if not isinstance(repo_id, str) or not _HUB_ID.match(repo_id):
         raise ValueError(f"repo_id={repo_id!r} must look like 'user/name' or 'org/name'.")
     files = collect_adapter_files(output_dir)
-    card = build_model_card(output_dir, repo_id, files)
-    api = HfApi(endpoint=endpoint, token=token)
-    api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
-    operations = [
-        CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(path)) for name, path in sorted(files.files.items())
-    ]
+    card = build_model_card(output_dir, repo_id, files, license=license)
+    operations = []
+    for name, path in sorted(files.files.items()):
+        content: str | bytes = str(path)
+        if name == RUN_INFO_FILE and files.run_info is not None:  # without the machine's paths, like the card
+            content = public_run_info(files.run_info).to_json().encode("utf-8")
+        elif name == ADAPTER_CONFIG and (adapter := _adapter_config(files.adapter_dir)):
+            # PEFT records the base as given: a local base folder becomes its name, as in the card.
+            content = (json.dumps(public_value(adapter), indent=2, sort_keys=True) + "\n").encode("utf-8")
+        operations.append(CommitOperationAdd(path_in_repo=name, path_or_fileobj=content))
     operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card.encode("utf-8")))
     logger.info("Pushing %s to %s", ", ".join(op.path_in_repo for op in operations), repo_id)
-    return api.create_commit(
-        repo_id,
-        operations,
-        commit_message=commit_message or "Upload LoRA adapter trained with trl-ext",
-        revision=revision,
-        repo_type="model",
-    )
+    api = HfApi(endpoint=endpoint, token=token)
+    try:
+        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        return api.create_commit(
+            repo_id,
+            operations,
+            commit_message=commit_message or "Upload LoRA adapter trained with trl-ext",
+            revision=revision,
+            repo_type="model",
+        )
+    except Exception as error:  # noqa: BLE001 - huggingface_hub's network, HTTP and offline errors: one clear line
+        raise HubUploadError(
+            f"pushing {output_dir} to {repo_id} failed: {describe_hub_error(error, endpoint)}"
+        ) from error

@@ -19,6 +19,13 @@ monitors), the config class (``learning_rate``, ``loss_type``, ``max_turns``, ..
 list of ``load_dataset`` argument mappings, for local files and mixtures). ``env:`` sets environment variables.
 Command-line ``--key value`` pairs after the file override it. Unknown keys are an error.
 
+Data on the command line, with TRL's flags: ``--datasets train.jsonl [...]`` replaces the file's ``datasets:``, and so
+does ``--dataset_name NAME`` (the command line wins over the file). A local data file (``.jsonl``, ``.json``,
+``.csv``, ``.parquet``, ...) given as a ``datasets:`` path or as ``dataset_name`` is read with its `load_dataset`
+builder (``json``, ``csv``, ...), and one that does not exist is an error naming it. ``model_name_or_path`` (and the
+reward models) must name an existing folder or a model the Hub has (`check_model_source`): offline, a missing
+folder is said to be missing, with ``trl-ext tiny-model DIR`` as the way to make a tiny one.
+
 Reward functions (``reward_funcs``) are import paths, ``package.module:name`` or ``package.module.name`` (the
 working directory is importable, so ``my_rewards:score`` finds ``./my_rewards.py``), or a built-in name (`REWARD
 _REGISTRY`). A class is instantiated; a mapping ``{path: ..., kwargs: {...}}`` passes keyword arguments (to a class,
@@ -45,8 +52,9 @@ import inspect
 import json
 import logging
 import os
+import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +62,7 @@ from typing import Any
 from trl import ScriptArguments
 
 from .hub import PLOT_FILE
-from .run_info import RunInfo, collect_monitor_alerts, last_logged_metrics
+from .run_info import RunInfo, collect_monitor_alerts, is_setting_choice, last_logged_metrics
 from .run_info import write_run_info as _write_run_info
 
 logger = logging.getLogger(__name__)
@@ -66,7 +74,10 @@ __all__ = [
     "RecipeError",
     "TrainScriptArguments",
     "build_trainer",
+    "check_model_source",
+    "config_summary",
     "load_recipe_datasets",
+    "override_keys",
     "parse_recipe",
     "read_trainer_name",
     "resolve_reward_funcs",
@@ -147,6 +158,7 @@ class Recipe:
     model_args: Any
     dataset_args: Any
     source: Path | None = None
+    set_keys: set[str] = field(default_factory=set)  # the keys the file and the command line set (user choices)
 
     @property
     def trainer(self) -> str:
@@ -183,7 +195,8 @@ def parse_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) ->
     name = read_trainer_name(path, overrides)
     config_class = _config_class(name)
     dataclass_types = (TrainScriptArguments, config_class, ModelConfig, DatasetMixtureConfig)
-    _check_keys(path, name, _read_yaml(path), dataclass_types)
+    mapping = _read_yaml(path)
+    _check_keys(path, name, mapping, dataclass_types)
     parser = TrlParser(dataclass_types)
     try:
         script_args, training_args, model_args, dataset_args = parser.parse_args_and_config(
@@ -196,7 +209,62 @@ def parse_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) ->
         raise RecipeError(f"{path}: {error}{hint}") from None
     except SystemExit as error:  # argparse has printed what it could not parse
         raise RecipeError(f"{path}: invalid command-line override or value (see the message above).") from error
-    return Recipe(script_args, training_args, model_args, dataset_args, source=path)
+    given = override_keys(overrides)
+    if "dataset_name" in given and "datasets" not in given and dataset_args.datasets:
+        dataset_args.datasets = []  # the command line wins over the file: `--dataset_name` replaces its `datasets:`
+    dataset_args.datasets = [_local_data_file_config(path, config) for config in dataset_args.datasets]
+    set_keys = (set(mapping) | given) - {"env"}
+    return Recipe(script_args, training_args, model_args, dataset_args, source=path, set_keys=set_keys)
+
+
+def override_keys(overrides: Sequence[str]) -> set[str]:
+    """The field names a list of ``--key value`` / ``--key=value`` command-line overrides sets."""
+    return {token[2:].split("=", 1)[0] for token in overrides if token.startswith("--") and len(token) > 2}
+
+
+# A local data file passed where `load_dataset` wants a dataset name or folder -> the packaged builder that reads it.
+DATA_FILE_BUILDERS = {
+    ".json": "json",
+    ".jsonl": "json",
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+    ".txt": "text",
+}
+
+
+def _data_file_builder(name: str | None) -> str | None:
+    """The `load_dataset` builder of ``name`` when it names a local data file (``train.jsonl``), else None."""
+    if not isinstance(name, str):
+        return None
+    suffixes = [suffix.lower() for suffix in Path(name).suffixes]
+    if suffixes and suffixes[-1] in (".gz", ".bz2", ".xz", ".zst", ".zip"):  # train.jsonl.gz
+        suffixes = suffixes[:-1]
+    return DATA_FILE_BUILDERS.get(suffixes[-1]) if suffixes else None
+
+
+def _check_data_file(source: Path | None, name: str, flag: str) -> None:
+    if not Path(name).is_file():
+        raise RecipeError(
+            f"{source}: {flag} {name!r}: no such data file (looked in {Path(name).absolute().parent}). Pass an "
+            "existing JSON lines / JSON / CSV / Parquet file, a dataset folder, or a Hub dataset id."
+        )
+
+
+def _local_data_file_config(source: Path | None, config: Any) -> Any:
+    """A ``datasets:`` entry whose ``path`` is a local data file (``--datasets train.jsonl``, as TRL's command line
+    gives it) -> ``{path: json, data_files: train.jsonl}``, what `load_dataset` needs for a file."""
+    builder = _data_file_builder(config.path)
+    if builder is None:
+        return config
+    _check_data_file(source, config.path, "datasets entry")
+    if config.data_files is not None:
+        raise RecipeError(
+            f"{source}: datasets entry path={config.path!r} is a file and also sets data_files; write "
+            f"{{path: {builder}, data_files: {config.path}}}."
+        )
+    return dataclasses.replace(config, path=builder, data_files=config.path)
 
 
 def _check_keys(path: Path, trainer: str, mapping: Mapping[str, Any], dataclass_types: Sequence[type]) -> None:
@@ -343,19 +411,31 @@ def load_recipe_datasets(recipe: Recipe) -> tuple[Any, Any]:
     from trl import get_dataset
 
     script_args, dataset_args = recipe.script_args, recipe.dataset_args
-    if dataset_args.datasets:
-        if script_args.dataset_name:
-            logger.warning("The recipe sets both `datasets` and `dataset_name`; `datasets` is used.")
-        dataset = get_dataset(dataset_args)
-    elif script_args.dataset_name:
-        dataset = load_dataset(
-            script_args.dataset_name, name=script_args.dataset_config, streaming=script_args.dataset_streaming
-        )
-    else:
+    try:
+        if dataset_args.datasets:
+            if script_args.dataset_name:
+                logger.warning("The recipe sets both `datasets` and `dataset_name`; `datasets` is used.")
+            dataset = get_dataset(dataset_args)
+        elif script_args.dataset_name:
+            name, builder = script_args.dataset_name, _data_file_builder(script_args.dataset_name)
+            if builder is not None:  # a local file: load_dataset("train.jsonl") would look for it on the Hub
+                _check_data_file(recipe.source, name, "--dataset_name")
+                dataset = load_dataset(builder, data_files=name, streaming=script_args.dataset_streaming)
+            else:
+                dataset = load_dataset(name, name=script_args.dataset_config, streaming=script_args.dataset_streaming)
+        else:
+            raise RecipeError(
+                f"{recipe.source}: no data. Set `dataset_name:` (a Hub dataset, a local folder or file) or a "
+                "`datasets:` list of load_dataset arguments, e.g. [{path: json, data_files: train.jsonl}]."
+            )
+    except (FileNotFoundError, ConnectionError) as error:  # a missing data file, or a Hub dataset out of reach
+        names = [config.data_files or config.path for config in dataset_args.datasets] or [script_args.dataset_name]
         raise RecipeError(
-            f"{recipe.source}: no data. Set `dataset_name:` (a Hub dataset or a local folder) or a `datasets:` list "
-            "of load_dataset arguments, e.g. [{path: json, data_files: train.jsonl}]."
-        )
+            f"{recipe.source}: cannot load the dataset {', '.join(map(repr, names))} ({error}). Create the data the "
+            "recipe names, or override it on the command line: `--datasets train.jsonl` (a local JSON lines file, "
+            "or a Hub dataset id; several make a mixture) or `--dataset_name NAME` (a Hub dataset, a local folder "
+            "or file)."
+        ) from None
     train_split = script_args.dataset_train_split
     if train_split not in dataset:
         raise RecipeError(f"{recipe.source}: the dataset has no split {train_split!r} (splits: {list(dataset)}).")
@@ -395,6 +475,7 @@ def build_trainer(
         if not model_args.model_name_or_path:
             raise RecipeError(f"{recipe.source}: set `model_name_or_path:` (a Hub model id or a local folder).")
         model = model_args.model_name_or_path
+        check_model_source(model, "model_name_or_path", revision=model_args.model_revision, source=recipe.source)
         init_kwargs = {
             "revision": model_args.model_revision,
             "trust_remote_code": getattr(args, "trust_remote_code", False),
@@ -411,7 +492,12 @@ def build_trainer(
                     f"{recipe.source}: `reward_models` would score the plan with the response; for rlmt set "
                     "`reward_model_name_or_path:` (RLMTConfig), which scores the response only."
                 )
+            for reward_model in script_args.reward_models:
+                check_model_source(reward_model, "reward_models", source=recipe.source)
             reward_funcs = [*script_args.reward_models, *reward_funcs]
+        reward_model = getattr(args, "reward_model_name_or_path", None)
+        if isinstance(reward_model, str):
+            check_model_source(reward_model, "reward_model_name_or_path", source=recipe.source)
     reward_funcs = list(reward_funcs)
     if not reward_funcs and not (name == "rlmt" and getattr(args, "reward_model_name_or_path", None)):
         raise RecipeError(
@@ -441,6 +527,67 @@ def build_trainer(
     if quantization is not None:
         kwargs["quantization_config"] = quantization
     return trainer_class(model, reward_funcs if reward_funcs else None, **kwargs)
+
+
+_HUB_MODEL_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def check_model_source(
+    name: str, key: str, *, revision: str | None = None, source: str | os.PathLike[str] | None = None
+) -> None:
+    """Fail early, with the fix, when a model setting names neither an existing folder nor a model the Hub has.
+
+    A folder is taken as is. A name that cannot be a Hub id (``./tiny``, ``/abs/path``) or a file is an error. A Hub
+    id is looked up as transformers would (its ``config.json``, from the cache first): offline
+    (``HF_HUB_OFFLINE=1``) with no cached copy, unreachable, or not on the Hub, the error says which, and that
+    ``trl-ext tiny-model DIR`` makes a local model folder, instead of transformers' "couldn't connect" deep inside
+    the trainer.
+
+    Raises:
+        RecipeError: naming ``key``, the value and the fix.
+    """
+    import huggingface_hub
+    from huggingface_hub import constants, errors
+
+    where = f"{source}: " if source else ""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return
+    make = f"`trl-ext tiny-model {name}` makes a tiny offline model folder there"
+    if path.exists():
+        raise RecipeError(f"{where}{key}={name!r} is a file, not a model folder; pass the folder (or a Hub id).")
+    if not _HUB_MODEL_ID.match(name) or ".." in name:
+        raise RecipeError(
+            f"{where}{key}={name!r}: no such folder ({path.absolute()}). Pass an existing model folder or a Hub "
+            f"model id; {make} (for tests and dry runs)."
+        )
+    if isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json", revision=revision), str):
+        return  # in the Hub cache: transformers loads it offline too
+    if constants.HF_HUB_OFFLINE:
+        raise RecipeError(
+            f"{where}{key}={name!r}: no folder of that name ({path.absolute()} does not exist), and the Hub is "
+            f"offline (HF_HUB_OFFLINE is set) with no cached copy of a model {name!r}. Pass an existing model folder "
+            f"({make}), or unset HF_HUB_OFFLINE to download {name!r}."
+        )
+    unreachable = (
+        f"{where}{key}={name!r}: no folder of that name ({path.absolute()} does not exist), and the Hub could not be "
+        f"reached to look for a model {name!r} ({{}}). Pass an existing model folder ({make}), or check the network "
+        "/ HF_ENDPOINT."
+    )
+    try:
+        huggingface_hub.hf_hub_download(name, "config.json", revision=revision)
+    except errors.LocalEntryNotFoundError as error:  # "cannot find the requested files in the local cache"
+        raise RecipeError(unreachable.format(type(error).__name__)) from None
+    except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError) as error:
+        raise RecipeError(
+            f"{where}{key}={name!r}: no folder of that name ({path.absolute()} does not exist) and no model "
+            f"{name!r} on the Hub ({type(error).__name__}; a private or gated model needs HF_TOKEN or `hf auth "
+            f"login`). Pass an existing model folder ({make}) or a Hub model id."
+        ) from None
+    except errors.EntryNotFoundError:
+        return  # the repository exists but has no config.json at the root: let transformers say what it needs
+    except (OSError, errors.HfHubHTTPError) as error:  # a connection or server error
+        raise RecipeError(unreachable.format(f"{type(error).__name__}: {error}")) from None
 
 
 def train_from_recipe(recipe: Recipe, **build_kwargs: Any) -> Any:
@@ -480,7 +627,14 @@ def train_from_recipe(recipe: Recipe, **build_kwargs: Any) -> Any:
             if "/" not in push_repo:
                 from huggingface_hub import HfApi
 
-                push_repo = f"{HfApi(token=args.hub_token).whoami()['name']}/{push_repo}"
+                from .hub import HubUploadError, describe_hub_error
+
+                try:
+                    push_repo = f"{HfApi(token=args.hub_token).whoami()['name']}/{push_repo}"
+                except Exception as error:  # noqa: BLE001 - offline, unreachable or a refused token: say which
+                    raise HubUploadError(
+                        f"finding your Hub user name for hub_model_id={push_repo!r} failed: {describe_hub_error(error)}"
+                    ) from error
             info = push_adapter(
                 output_dir, push_repo, private=bool(getattr(args, "hub_private_repo", False)), token=args.hub_token
             )
@@ -497,10 +651,12 @@ def write_run_info(output_dir: Path, recipe: Recipe, trainer: Any) -> Path:
         source="trl-ext train",
         method=recipe.trainer,
         trainer=type(trainer).__name__,
-        base_model=recipe.model_args.model_name_or_path or getattr(trainer.model.config, "_name_or_path", None),
-        dataset=recipe.script_args.dataset_name or [d.path for d in recipe.dataset_args.datasets or []],
+        base_model=_model_reference(
+            recipe.model_args.model_name_or_path or getattr(trainer.model.config, "_name_or_path", None)
+        ),
+        dataset=_dataset_reference(recipe),
         reward_funcs=[getattr(f, "__name__", str(f)) for f in trainer.reward_funcs],
-        config=config_summary(recipe.training_args),
+        config=config_summary(recipe.training_args, recipe.set_keys or None),
         peft=_peft_summary(recipe.model_args),
         metrics=last_logged_metrics(trainer.state.log_history),
         steps=trainer.state.global_step,
@@ -510,6 +666,31 @@ def write_run_info(output_dir: Path, recipe: Recipe, trainer: Any) -> Path:
         extra={"recipe": str(recipe.source)} if recipe.source else {},
     )
     return _write_run_info(output_dir, info)
+
+
+def _model_reference(name: str | None) -> str | None:
+    """A model as the run file records it: a local folder as its absolute path (so `trl-ext push` knows it is not a
+    Hub id and keeps it out of the card), a Hub id as is."""
+    if name and Path(name).expanduser().is_dir():
+        return str(Path(name).expanduser().resolve())
+    return name
+
+
+def _dataset_reference(recipe: Recipe) -> str | list[str] | None:
+    """The training data as the run file records it: ``dataset_name``, or per ``datasets:`` entry its data files
+    (a local file) or its path (a Hub dataset or folder)."""
+    if not recipe.dataset_args.datasets:
+        return recipe.script_args.dataset_name
+    references: list[str] = []
+    for config in recipe.dataset_args.datasets:
+        files = config.data_files
+        if config.path in DATA_FILE_BUILDERS.values() and files:
+            if isinstance(files, Mapping):  # {split: files}
+                files = [item for value in files.values() for item in ([value] if isinstance(value, str) else value)]
+            references += [files] if isinstance(files, str) else [str(item) for item in files]
+        else:
+            references.append(config.path)
+    return references
 
 
 def _peft_summary(model_args: Any) -> dict[str, Any] | None:
@@ -523,16 +704,17 @@ def _peft_summary(model_args: Any) -> dict[str, Any] | None:
     }
 
 
-# Machine-specific or secret-bearing fields that do not belong in a model card.
-_CONFIG_OMIT = {"output_dir", "logging_dir", "judge_base_url", "judge_api_key_env", "hub_model_id", "push_to_hub"}
-
-
-def config_summary(config: Any) -> dict[str, Any]:
-    """The fields of a trainer config that differ from the class defaults (JSON-safe; endpoints, paths and secrets
-    left out): the "config" of the run file and the model card."""
+def config_summary(config: Any, set_keys: Collection[str] | None = None) -> dict[str, Any]:
+    """The training choices of a trainer config: the fields that differ from the class defaults (JSON-safe), without
+    bookkeeping (`trl_ext.run_info.is_setting_choice`: folders, logging, saving, the Hub, endpoints, secrets, the
+    machine, derived values). With ``set_keys`` (the keys a recipe file and its command line set), only those:
+    values the config computed itself are not choices. ``loss_type`` is always kept. The "config" of the run file
+    and the model card."""
     summary = {}
     for item in dataclasses.fields(config):
-        if item.name in _CONFIG_OMIT or "token" in item.name or item.name.startswith("_"):
+        if not is_setting_choice(item.name):
+            continue
+        if set_keys is not None and item.name not in set_keys and item.name != "loss_type":
             continue
         value = getattr(config, item.name)
         if item.default is not dataclasses.MISSING:

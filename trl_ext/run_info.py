@@ -14,7 +14,8 @@ key                 value
 ``base_model``      the model the run started from: a Hub id, a local path, or a description
 ``dataset``         the training data: a Hub id, a list of data files/ids (mixtures), or a description
 ``reward_funcs``    names of the reward functions
-``config``          the trainer config fields that differ from the class defaults (`trl_ext.recipes.config_summary`)
+``config``          the trainer config fields the run chose that differ from the class defaults (bookkeeping left
+                    out: `is_setting_choice`; `trl_ext.recipes.config_summary`)
 ``peft``            LoRA settings (``r``, ``lora_alpha``, ``lora_dropout``, ``target_modules``), or null
 ``metrics``         the final value of each logged metric (``reward``, ``ipo/masked_ratio``, ``eval/...``)
 ``steps``           optimizer steps run
@@ -48,6 +49,7 @@ __all__ = [
     "RunInfo",
     "canonical_method",
     "collect_monitor_alerts",
+    "is_setting_choice",
     "last_logged_metrics",
     "read_run_info",
     "write_run_info",
@@ -55,6 +57,50 @@ __all__ = [
 
 RUN_INFO_FILE = "trl_ext_run.json"
 SCHEMA_VERSION = 1
+
+
+# Trainer-config fields that are not choices about the training itself: where and how the run logs, saves, reports
+# and uploads, the machine it ran on, values derived from other fields, secrets and endpoints. Left out of the run
+# file's ``config`` and of the model card's "settings chosen for this run".
+_NOT_CHOICES = frozenset(
+    {
+        "output_dir",
+        "overwrite_output_dir",
+        "run_name",
+        "report_to",
+        "disable_tqdm",
+        "use_cpu",
+        "resume_from_checkpoint",
+        "push_to_hub",
+        "accelerator_config",
+        "debug",
+        "deepspeed",
+        "model_init_kwargs",  # built by `trl-ext train` from the model arguments
+        "generation_batch_size",  # derived: per_device_train_batch_size x processes x steps_per_generation
+        "gradient_checkpointing",  # memory, not the training: the same steps either way
+        "activation_checkpointing",
+        "gradient_checkpointing_kwargs",
+        "vllm_gpu_memory_utilization",
+        "judge_base_url",
+        "judge_api_key_env",
+        "vllm_server_base_url",
+        "vllm_server_host",
+        "vllm_server_port",
+    }
+)
+_NOT_CHOICE_PREFIXES = ("logging_", "save_", "hub_", "dataloader_", "ddp_", "fsdp", "_")
+
+
+def is_setting_choice(name: str) -> bool:
+    """Whether the config field ``name`` is a choice about the training (learning rate, loss, group size, ...)
+    rather than bookkeeping (output and logging folders, run name, saving, reporting, the Hub, tokens, endpoints,
+    the machine, derived values): what the run file's ``config`` and the model card list."""
+    return (
+        name not in _NOT_CHOICES
+        and not name.startswith(_NOT_CHOICE_PREFIXES)
+        and not name.endswith("_token")  # secrets (max_prompt_tokens is a choice)
+        and "api_key" not in name
+    )
 
 
 def canonical_method(name: str | None) -> str | None:

@@ -350,8 +350,19 @@ def test_resolve_an_incomplete_path_names_it_and_the_complete_ones(tmp_path):
     assert f"resume from an earlier complete checkpoint: {tmp_path / 'checkpoint-2'}, {tmp_path / 'checkpoint-1'}" in (
         message
     )
-    with pytest.raises(ValueError, match="is not a directory"):
+    with pytest.raises(ValueError) as caught:  # a path that does not exist: said so, with what is there
         resolve_resume_checkpoint(str(tmp_path / "checkpoint-9"), tmp_path)
+    message = str(caught.value)
+    assert f"Cannot resume from {tmp_path / 'checkpoint-9'}: it does not exist." in message
+    assert "incomplete" in message.split("Checkpoints found: ", 1)[1]  # checkpoint-3, named with its problem
+    assert (
+        f"{tmp_path / 'checkpoint-2'}, {tmp_path / 'checkpoint-1'}" in message and "The checkpoint is" not in message
+    )
+    with pytest.raises(ValueError, match="it does not exist. There is no checkpoint-N folder in"):
+        resolve_resume_checkpoint(str(tmp_path / "elsewhere" / "checkpoint-1"), tmp_path / "empty-run")
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(ValueError, match="it is a file, not a checkpoint folder"):
+        resolve_resume_checkpoint(str(tmp_path / "a-file"), tmp_path)
 
 
 def test_name_disk_full(tmp_path):
