@@ -51,6 +51,9 @@ def test_a_tiny_vision_language_model_is_seeded_and_expands_its_images(family):
     patches = int(inputs["image_grid_thw"].prod())  # 56×40 pixels: a 4×2 grid of 14-pixel patches
     assert patches == 8 and inputs["pixel_values"].shape[0] == patches
     assert int((inputs["input_ids"] == image_token).sum()) == patches // 4  # one token per 2×2 merged patches
-    assert model.generate(**inputs, max_new_tokens=3, min_new_tokens=3, do_sample=False).shape[1] == inputs["input_ids"].shape[1] + 3
+    assert (
+        model.generate(**inputs, max_new_tokens=3, min_new_tokens=3, do_sample=False).shape[1]
+        == inputs["input_ids"].shape[1] + 3
+    )
     with pytest.raises(ValueError, match="family='llava'"):
         build_tiny_vlm_and_processor(0, "llava")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from peft import LoraConfig
@@ -9,6 +11,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from trl_ext import ExtGRPOConfig, ExtGRPOTrainer
 from trl_ext.testing import build_tiny_model_and_tokenizer
+from trl_ext.trainers import ext_grpo
 from trl_ext.trainers.ext_grpo import TRL_LOSS_TYPES, _pad_batch
 
 from ..utils import cpu_config_kwargs, digit_reward, run_processes, toy_dataset
@@ -51,6 +54,39 @@ def test_config_defaults_and_plain_grpo_config_for_ipo(tmp_path):
     plain = GRPOConfig(**cpu_config_kwargs(str(tmp_path), loss_type="ipo"))
     with pytest.raises(TypeError, match="ExtGRPOConfig"):
         ExtGRPOTrainer(model, digit_reward, args=plain, train_dataset=toy_dataset(), processing_class=tokenizer)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Precision: an unset bf16 means float32 where bf16 cannot run (every docs snippet runs as written on a CPU)
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.skipif(ext_grpo.bf16_accelerator_available(), reason="this host has a bf16 accelerator")
+def test_unset_bf16_trains_in_float32_without_a_bf16_accelerator(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="trl_ext.trainers.ext_grpo"):
+        config = ExtGRPOConfig(output_dir=str(tmp_path))  # no use_cpu, no bf16: TRL alone fails here
+    assert (config.bf16, config.fp16) == (False, False)
+    assert "training in float32" in caplog.text and "no accelerator with bf16 support" in caplog.text
+
+
+@pytest.mark.skipif(not ext_grpo.bf16_accelerator_available(), reason="needs an accelerator with bf16 support")
+def test_unset_bf16_keeps_trl_default_on_a_bf16_accelerator(tmp_path):
+    assert ExtGRPOConfig(output_dir=str(tmp_path)).bf16 is True
+
+
+def test_unset_bf16_with_use_cpu_trains_in_float32(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(ext_grpo, "bf16_accelerator_available", lambda: True)  # even next to a bf16 GPU
+    with caplog.at_level(logging.INFO, logger="trl_ext.trainers.ext_grpo"):
+        config = ExtGRPOConfig(output_dir=str(tmp_path), use_cpu=True)
+    assert config.bf16 is False
+    assert "use_cpu=True: training in float32" in caplog.text
+
+
+def test_explicit_precision_is_kept_or_refused_with_the_fix(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(ext_grpo, "bf16_accelerator_available", lambda: False)
+    with caplog.at_level(logging.INFO, logger="trl_ext.trainers.ext_grpo"):
+        assert ExtGRPOConfig(output_dir=str(tmp_path), bf16=False).bf16 is False
+    assert "float32" not in caplog.text  # nothing to say when the user chose
+    with pytest.raises(ValueError, match=r"bf16=True, but this machine has no accelerator .*set bf16=False"):
+        ExtGRPOConfig(output_dir=str(tmp_path), bf16=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------

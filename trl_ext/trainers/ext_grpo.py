@@ -108,6 +108,13 @@ class ExtGRPOConfig(GRPOConfig):
             row's length. `None`: the model's positions minus `max_completion_length` (no cap when the model config
             does not say). TRL 1.16 has no prompt cap of its own.
 
+        > Precision
+
+        bf16 (`bool` or `None`, *optional*, defaults to `None`):
+            TRL's field, with one change: left unset (and `fp16` off), it is `False` (float32 training) when training
+            runs on the CPU (`use_cpu=True`, or no accelerator with bf16 support), and TRL's `True` otherwise.
+            `bf16=True` where bf16 cannot run fails with the fix.
+
         > vLLM
 
         vllm_dtype (`str`, *optional*, defaults to `"auto"`):
@@ -163,6 +170,7 @@ class ExtGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        self._resolve_precision()
         super().__post_init__()
         get_loss(self.loss_type)  # an unknown loss_type fails here, naming the registered ones
         if not 0.0 < self.ipo_threshold <= 1.0:
@@ -199,6 +207,39 @@ class ExtGRPOConfig(GRPOConfig):
                     "loss_type='ipo' does not support TRL's entropy bonus: set entropy_coef=0.0 and "
                     "use_adaptive_entropy=False, or use a TRL loss type."
                 )
+
+    def _resolve_precision(self) -> None:
+        """Train in float32 where bf16 cannot run, unless bf16/fp16 was asked for explicitly.
+
+        TRL turns an unset ``bf16`` into True, which `transformers.TrainingArguments` then refuses on a machine
+        without a bf16-capable accelerator: every config would fail on a CPU-only machine. Here an unset ``bf16``
+        (and ``fp16`` off) becomes False, with one log line, when training runs on the CPU (``use_cpu=True``, or no
+        accelerator with bf16 support); TRL's bf16 default is kept everywhere else. An explicit ``bf16=True`` that
+        cannot run fails with the fix.
+        """
+        if self.fp16 or self.bf16 is False:
+            return
+        if self.bf16 is None:
+            if self.use_cpu or not bf16_accelerator_available():
+                self.bf16 = False
+                where = "use_cpu=True" if self.use_cpu else "no accelerator with bf16 support was found"
+                logger.info(
+                    "bf16 not set and %s: training in float32 (set bf16=True or fp16=True to change it).", where
+                )
+            return
+        if not self.use_cpu and not bf16_accelerator_available():
+            raise ValueError(
+                "bf16=True, but this machine has no accelerator with bf16 support (no CUDA, XPU, NPU, MPS, HPU or "
+                "TPU device found, or a GPU older than Ampere): set bf16=False to train in float32 (leaving bf16 "
+                "unset does the same on such a machine), or run on a GPU with bf16 support."
+            )
+
+
+def bf16_accelerator_available() -> bool:
+    """Whether an accelerator that trains in bf16 is present (the check `transformers.TrainingArguments` makes)."""
+    from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
+
+    return is_torch_bf16_gpu_available() or is_torch_xla_available()
 
 
 class ExtGRPOTrainer(TRLSeam):
