@@ -700,9 +700,9 @@ def push_adapter(
         content: str | bytes = str(path)
         if name == RUN_INFO_FILE and files.run_info is not None:  # without the machine's paths, like the card
             content = public_run_info(files.run_info).to_json().encode("utf-8")
-        elif name == ADAPTER_CONFIG and (adapter := _adapter_config(files.adapter_dir)):
+        elif name == ADAPTER_CONFIG and (adapter := _adapter_config(files.adapter_dir)) != public_value(adapter):
             # PEFT records the base as given: a local base folder becomes its name, as in the card.
-            content = (json.dumps(public_value(adapter), indent=2, sort_keys=True) + "\n").encode("utf-8")
+            content = json.dumps(public_value(adapter), indent=2, sort_keys=True).encode("utf-8")
         operations.append(CommitOperationAdd(path_in_repo=name, path_or_fileobj=content))
     operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card.encode("utf-8")))
     logger.info("Pushing %s to %s", ", ".join(op.path_in_repo for op in operations), repo_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import stat
 import tempfile
@@ -13,7 +14,7 @@ import pytest
 
 from trl_ext.rlm import PythonREPL, QueryRefused, QueryRequest, SandboxError
 from trl_ext.rlm import sandbox as sandbox_module
-from trl_ext.rlm.repl import REPL_RESTART_NOTICE
+from trl_ext.rlm.repl import REPL_RESTART_NOTICE, repl_parent_dir, traversable_by_others
 from trl_ext.rlm.sandbox import ENV_ALLOWLIST, processes_of_uid
 
 from ..utils import process_alive
@@ -289,6 +290,29 @@ def test_private_uid_cannot_reach_the_trainer():
         os.rmdir(secret_dir)
 
 
+@needs_root
+@pytest.mark.parametrize("isolation", ["auto", "process"])
+def test_a_tmpdir_closed_to_other_users_still_gives_working_repls(isolation, monkeypatch):
+    """A $TMPDIR of mode 0700 (mktemp -d, a per-user runtime folder): the private uid could not reach a REPL folder
+    made there, so REPL folders go to /tmp; a traversable $TMPDIR is used as it is."""
+    outer = tempfile.mkdtemp(dir="/tmp")
+    try:
+        os.chmod(outer, 0o755)
+        closed = os.path.join(outer, "closed")
+        os.mkdir(closed, 0o700)
+        assert traversable_by_others(outer) and not traversable_by_others(closed)
+        monkeypatch.setattr(tempfile, "tempdir", closed)
+        assert repl_parent_dir() == "/tmp"
+        with PythonREPL(isolation=isolation) as repl:
+            assert repl.execute("print(6 * 7)").stdout == "42\n"
+        monkeypatch.setattr(tempfile, "tempdir", outer)
+        assert repl_parent_dir() == outer
+        with PythonREPL(isolation=isolation) as repl:
+            assert repl.execute("print(6 * 7)").stdout == "42\n"
+    finally:
+        shutil.rmtree(outer, ignore_errors=True)
+
+
 def test_working_directory_is_private_and_removed_on_close():
     repl = PythonREPL(timeout_s=2, isolation="process")  # a host directory (namespaces: a private tmpfs)
     workdir = repl.workdir
@@ -472,15 +496,6 @@ for isolation in ("process", "auto"):
 """
 
 
-def _world_traversable(path: str) -> bool:
-    while True:
-        if not os.stat(path).st_mode & stat.S_IXOTH:
-            return False
-        if path == os.path.dirname(path):
-            return True
-        path = os.path.dirname(path)
-
-
 @needs_root
 def test_non_root_trainer_shares_its_uid_and_is_still_limited():
     """The shared-uid path (trainer not root), run as `nobody` with the interpreter bind-mounted where it can reach it."""
@@ -489,9 +504,9 @@ def test_non_root_trainer_shares_its_uid_and_is_still_limited():
     import sys
 
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if not (shutil.which("unshare") and shutil.which("setpriv") and _world_traversable(repo)):
+    if not (shutil.which("unshare") and shutil.which("setpriv") and traversable_by_others(repo)):
         pytest.skip("needs unshare, setpriv and a checkout that `nobody` can read")
-    workdir = tempfile.mkdtemp()
+    workdir = tempfile.mkdtemp(dir=repl_parent_dir())  # `nobody` must reach it, whatever $TMPDIR's mode
     try:
         os.chmod(workdir, 0o755)
         mount = os.path.join(workdir, "python")

@@ -58,12 +58,14 @@ output starts with `REPL_RESTART_NOTICE`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import marshal
 import os
 import pickle
 import select
+import stat
 import struct
 import sys
 import tempfile
@@ -395,6 +397,51 @@ class _Resources:
 
 
 # ---------------------------------------------------------------------------------------------------- REPL
+
+
+def traversable_by_others(path: str) -> bool:
+    """Whether a process of another uid can reach files below ``path`` (every folder on the way has o+x)."""
+    path = os.path.realpath(path)
+    while True:
+        try:
+            if not os.stat(path).st_mode & stat.S_IXOTH:
+                return False
+        except OSError:
+            return False
+        parent = os.path.dirname(path)
+        if parent == path:
+            return True
+        path = parent
+
+
+def repl_parent_dir() -> str:
+    """Where a REPL that runs under a private uid gets its folder: the temporary folder (``$TMPDIR``) when that uid
+    can reach into it, else ``/tmp``.
+
+    A ``$TMPDIR`` of mode 0700 (a per-user runtime folder, ``mktemp -d``) keeps every other uid out, so a sandbox
+    uid could not reach its own working directory there and the interpreter would fail to start.
+    """
+    return _repl_parent_dir(tempfile.gettempdir())
+
+
+@functools.cache  # one look (and one log line) per temporary folder
+def _repl_parent_dir(preferred: str) -> str:
+    if traversable_by_others(preferred):
+        return preferred
+    if traversable_by_others("/tmp"):
+        logger.info(
+            "The temporary folder %s is closed to other users, so the REPLs' private uids could not reach their "
+            "folders there: REPL folders go to /tmp instead.",
+            preferred,
+        )
+        return "/tmp"
+    raise SandboxError(
+        f"Neither the temporary folder {preferred} nor /tmp can be traversed by other users, so a REPL running "
+        "under a private uid could not reach its own folder: set TMPDIR to a folder every user can traverse "
+        "(mode 0711 or 0755 on it and every folder above it)."
+    )
+
+
 class PythonREPL:
     """A sandboxed, persistent Python interpreter for one rollout.
 
@@ -450,7 +497,7 @@ class PythonREPL:
             raise SandboxError(f"PythonREPL needs Linux (rlimits, /proc, pipe2); this is {sys.platform}.")
         self.backend = backend if backend is not None else select_backend(self.limits)
         lease = acquire_uid(self.limits.sandbox_uids) if os.geteuid() == 0 else None
-        root_dir = tempfile.mkdtemp(prefix="trl_ext_repl_")
+        root_dir = tempfile.mkdtemp(prefix="trl_ext_repl_", dir=repl_parent_dir() if lease is not None else None)
         try:
             if lease is not None:
                 os.chmod(root_dir, 0o711)  # traversable by the sandbox uid, not listable
