@@ -326,10 +326,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         recipe = parse_recipe(args.config, args.overrides)
         trainer = train_from_recipe(recipe)
-    except RecipeError as error:
-        print(f"trl-ext train: error: {error}", file=sys.stderr)
-        return 2
-    except ImportError as error:  # a missing optional dependency, named with its install command
+    except (RecipeError, ImportError) as error:  # ImportError: a missing optional dependency, with its install line
         print(f"trl-ext train: error: {error}", file=sys.stderr)
         return 2
     except HubUploadError as error:  # training finished and the outputs are saved; only the push failed

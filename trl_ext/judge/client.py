@@ -73,11 +73,13 @@ class ChatCallError(RuntimeError):
             re-sent here, `AsyncChatClient.chat_parsed` asks again).
         status: the last HTTP status, when there was one.
         attempts: HTTP requests sent.
+        detail: what failed, without the request's description (``"connection: Connection error. (...)"``).
     """
 
-    def __init__(self, message: str, *, kind: str, status: int | None, attempts: int):
+    def __init__(self, message: str, *, kind: str, status: int | None, attempts: int, detail: str | None = None):
         super().__init__(message)
         self.kind, self.status, self.attempts = kind, status, attempts
+        self.detail = detail if detail is not None else message
 
 
 @dataclass
@@ -575,6 +577,7 @@ class AsyncChatClient:
             kind=kind,
             status=status,
             attempts=attempts,
+            detail=f"{what}: {detail}",
         )
 
     async def probe(self, timeout: float = 10.0) -> EndpointProbe:

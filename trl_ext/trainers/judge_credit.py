@@ -422,7 +422,7 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
                 "JudgeCreditTrainer: the judge endpoint %s does not answer (%s). Training will run, but until it "
                 "answers every rollout gets zero judge credit (plain GRPO, counted in judge/failure_ratio). Fix: %s",
                 client.base_url,
-                str(error).partition("attempt(s): ")[2] or error,
+                error.detail,
                 _judge_fix(error.kind, error.status, client),
             )
         elif probe.models and client.model not in probe.models:

@@ -25,10 +25,14 @@ def select_dpo_pair(scores: Sequence[float | None], min_margin: float = 0.0) -> 
     and the worst). No pair when fewer than two scores are valid, or when ``best - worst <= min_margin`` (with the
     default 0, when all valid scores are equal).
     """
-    if min_margin < 0:
-        raise ValueError(f"min_margin={min_margin} must be >= 0.")
+    _check_min_margin(min_margin)
     pair = _pair_or_reason(scores, min_margin)
     return pair if isinstance(pair, tuple) else None
+
+
+def _check_min_margin(min_margin: float) -> None:
+    if min_margin < 0:
+        raise ValueError(f"min_margin={min_margin} must be >= 0.")
 
 
 def _pair_or_reason(scores: Sequence[float | None], min_margin: float) -> tuple[int, int] | str:
@@ -81,8 +85,7 @@ def build_dpo_pairs(
     for i, prompt in enumerate(prompts):
         key = group_ids[i] if group_ids is not None else _prompt_key(prompt)
         groups.setdefault(key, []).append(i)
-    if min_margin < 0:
-        raise ValueError(f"min_margin={min_margin} must be >= 0.")
+    _check_min_margin(min_margin)
     rows: dict[str, list[Any]] = {"prompt": [], "chosen": [], "rejected": [], "chosen_score": [], "rejected_score": []}
     too_few, no_margin, identical = 0, 0, 0
     for members in groups.values():
