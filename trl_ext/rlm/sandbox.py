@@ -47,7 +47,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from ._fields import mirror_field
+from ..fields import mirror_field
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from . import prompts
-from ._fields import mirror_field
+from ..fields import mirror_field
 from .repl import ReplResult
 from .sandbox import SandboxLimits
 
