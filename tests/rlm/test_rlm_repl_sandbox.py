@@ -14,8 +14,10 @@ import pytest
 
 from trl_ext.rlm import PythonREPL, QueryRefused, QueryRequest, SandboxError
 from trl_ext.rlm import sandbox as sandbox_module
-from trl_ext.rlm.repl import REPL_RESTART_NOTICE, repl_parent_dir, traversable_by_others
+from trl_ext.rlm.repl import REPL_RESTART_NOTICE
+from trl_ext.rlm.repl_resources import repl_parent_dir, traversable_by_others
 from trl_ext.rlm.sandbox import ENV_ALLOWLIST, processes_of_uid
+from trl_ext.rlm.sandbox import host as sandbox_host
 
 from ..utils import process_alive
 
@@ -472,10 +474,10 @@ def test_strict_isolation_refuses_a_host_without_namespaces(monkeypatch):
     from dataclasses import replace
 
     host = replace(sandbox_module.host_support(), namespaces="unshare: Operation not permitted")
-    monkeypatch.setattr(sandbox_module, "_host", host)
+    monkeypatch.setattr(sandbox_host, "_host", host)
     with pytest.raises(SandboxError, match="isolation='strict' needs Linux namespaces.*Operation not permitted"):
         PythonREPL(isolation="strict")
-    monkeypatch.setattr(sandbox_module, "_warned", set())
+    monkeypatch.setattr(sandbox_host, "_warned", set())
     with pytest.warns(RuntimeWarning, match="falling back to the process backend. NOT isolated: .*file system"):
         with PythonREPL(isolation="auto") as repl:
             assert repl.isolation == "process"

@@ -207,7 +207,7 @@ with PythonREPL() as first, PythonREPL() as second:
     report = json.loads(second.execute(look).stdout)
 # What a REPL may see in its /tmp: the top folders of the interpreter's read-only binds that lie under the host's
 # /tmp (a venv under /tmp is normal), and nothing else.
-report["runtime"] = sorted({p[len("/tmp/"):].split("/")[0] for p in sandbox._runtime_paths() if p.startswith("/tmp/")})
+report["runtime"] = sorted({p[len("/tmp/"):].split("/")[0] for p in sandbox.runtime_paths() if p.startswith("/tmp/")})
 print("REPORT " + json.dumps(report))
 """
 
@@ -297,9 +297,9 @@ from trl_ext.rlm import PythonREPL
 repls = [PythonREPL(isolation=sys.argv[1], max_processes=8) for _ in range(2)]
 for repl in repls:
     repl.execute("import subprocess\\nsubprocess.Popen(['sleep', '300'], start_new_session=True)")
-from trl_ext.rlm import sandbox
+from trl_ext.rlm.sandbox import local
 print(json.dumps([[repl.uid, repl._resources.root_dir, repl.pid] for repl in repls]), flush=True)
-print(sandbox._zygote.popen.pid if sandbox._zygote is not None else -1, flush=True)
+print(local._zygote.popen.pid if local._zygote is not None else -1, flush=True)
 repls[0].execute("import time\\ntime.sleep(300)")  # killed with SIGKILL in the middle of this cell
 """
 

@@ -94,7 +94,8 @@ class ReplSandbox:
         limits: the sandbox's limits and isolation (`trl_ext.rlm.SandboxLimits`; default: its defaults with
             ``max_output_chars=4000``, the output returned to the judge). The wall-clock limit per run is the
             ``timeout`` of each `run` call.
-        **repl_kwargs: other `PythonREPL` arguments (``helpers``, ``env``, or `SandboxLimits` fields).
+        **repl_kwargs: other `PythonREPL` arguments (``helpers``, ``env``, ``backend`` (a
+            `trl_ext.rlm.sandbox.SandboxBackend`), or `SandboxLimits` fields).
     """
 
     def __init__(self, limits: Any = None, **repl_kwargs: Any):

@@ -2,15 +2,17 @@
 
 Modules, in the order data flows through them:
 
-- `repl`: `PythonREPL`, one sandboxed persistent interpreter per rollout (security boundary; `sandbox` holds
-  the operating-system side: `SandboxLimits`, the backends, namespaces, control groups, private uids; the
-  threat model is docs/security.md).
+- `repl`: `PythonREPL`, one sandboxed persistent interpreter per rollout (security boundary), with
+  `repl_protocol` (its messages and framing) and `repl_resources` (its folder, uid and interpreter); the package
+  `sandbox` holds the operating-system side, one concern a module: `SandboxLimits`, host probes, private uids,
+  control groups, the `SandboxBackend` interface and the local backend, the code that runs inside (the threat
+  model is docs/security.md).
 - `prompts`, `scaffold`: the templates and the pure functions of one turn (`RLMScaffoldConfig`, parsing of
   ```` ```repl ```` blocks and ``FINAL``/``FINAL_VAR`` lines, prompt rebuilding, output truncation).
 - `generators`: the `Generator` protocol (prompt ids in, completion ids + sampling log-probs out) and its
   transformers / colocated vLLM / vLLM server / scripted implementations.
-- `engine`: `RLMEngine`, which runs many trees concurrently and batches every pending generation of every live
-  rollout into one generator call per wave.
+- `engine`, `scheduler`: `RLMEngine`, which runs many trees concurrently, on `WaveScheduler`, which batches every
+  pending generation of every live rollout into one generator call per wave.
 - `tree`: `RolloutTree` (nodes, turns with exact prompt ids, action ids and log-probs), `subtree_weights`.
 
 For a trainer: ``trees = RLMEngine(generator, tokenizer, config).run(tasks)``, then per tree
@@ -19,7 +21,7 @@ For a trainer: ``trees = RLMEngine(generator, tokenizer, config).run(tasks)``, t
 """
 
 from ..advantages import subtree_weights
-from .engine import EngineStats, GeneratorError, RLMEngine, RLMTask, critical_path_generations
+from .engine import EngineStats, RLMEngine, RLMTask
 from .generators import (
     CanonicalOrderGenerator,
     Completion,
@@ -30,9 +32,11 @@ from .generators import (
     VLLMColocateGenerator,
     VLLMServerGenerator,
 )
-from .repl import PythonREPL, QueryRefused, QueryRequest, ReplResult
+from .repl import PythonREPL
+from .repl_protocol import QueryRefused, QueryRequest, ReplResult
 from .sandbox import SandboxError, SandboxLimits
 from .scaffold import RLMScaffoldConfig
+from .scheduler import GeneratorError, critical_path_generations
 from .tree import LLMCall, RolloutNode, RolloutTree, Turn, TurnSample, canonical_rollout_order
 
 __all__ = [

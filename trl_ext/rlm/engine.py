@@ -12,11 +12,12 @@ engine.stats                                                 # EngineStats of th
 
 How it runs. Every node (root or child) is an asyncio task running `RLMEngine._run_node`, the scaffold loop:
 rebuild the prompt, ask for one action, run its code in the node's REPL, check for a final answer, repeat.
-Asking for an action, an ``llm_query`` completion or a child's action all go through one `_Scheduler`, which
-sends **every pending request of every live node to the generator in one batched call** as soon as no node
-is *busy* (or the batch reaches ``max_batch_size``, or the oldest request has waited ``max_batch_wait_s``). A node is busy while it does something that may lead to
-a request: rendering a prompt, running a REPL cell, starting. It is idle while it waits for a generation or
-for its children. So the number of generator calls follows the depth of the dependency chain (the waves),
+Asking for an action, an ``llm_query`` completion or a child's action all go through one `WaveScheduler`
+(`trl_ext.rlm.scheduler`), which sends **every pending request of every live node to the generator in one batched
+call** as soon as no node is *busy* (or the batch reaches ``max_batch_size``, or the oldest request has waited
+``max_batch_wait_s``). A node is busy while it does something that may lead to a request: rendering a prompt,
+running a REPL cell, starting. It is idle while it waits for a generation or for its children. So the number of
+generator calls follows the depth of the dependency chain (the waves),
 not the number of rollouts: 64 roots whose children all start in the same wave share one call per wave.
 
 REPL cells of a wave run in parallel: each node has its own interpreter process and the engine waits on all
@@ -41,9 +42,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from .generators import Completion, Generator
-from .repl import PythonREPL, QueryRefused, QueryRequest
-from .sandbox import resolve_isolation
+from .generators import Generator
+from .repl import PythonREPL
+from .repl_protocol import QueryRefused, QueryRequest
+from .sandbox import SandboxBackend, select_backend
 from .scaffold import (
     RLMScaffoldConfig,
     build_system_prompt,
@@ -53,11 +55,12 @@ from .scaffold import (
     find_final_answer,
     format_observation,
 )
+from .scheduler import GeneratorError, Join, WaveScheduler
 from .tree import LLMCall, RolloutNode, RolloutTree, Turn, preorder
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EngineStats", "GeneratorError", "RLMEngine", "RLMTask", "critical_path_generations"]
+__all__ = ["EngineStats", "RLMEngine", "RLMTask"]
 
 
 @dataclass(frozen=True)
@@ -71,10 +74,6 @@ class RLMTask:
 
     prompt: str
     context: Any = None
-
-
-class GeneratorError(RuntimeError):
-    """The generator raised or returned something unusable; the run is aborted."""
 
 
 @dataclass
@@ -120,164 +119,11 @@ class EngineStats:
     generator_time_s: float = 0.0
 
 
-# ---------------------------------------------------------------------------------------------- scheduling
-class _Join:
-    """Completes when all of its `size` parts are set; hands the waiter a busy token as it wakes it."""
-
-    def __init__(self, scheduler: _Scheduler, size: int) -> None:
-        self.scheduler = scheduler
-        self.results: list[Any] = [None] * size
-        self.remaining = size
-        self.future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        if size == 0:
-            self._wake(None)
-
-    def _wake(self, error: BaseException | None) -> None:
-        if self.future.done():
-            return
-        self.scheduler.busy += 1  # taken for the waiter *before* anyone can see the scheduler idle
-        if error is None:
-            self.future.set_result(self.results)
-        else:
-            self.future.set_exception(error)
-
-    def set(self, index: int, value: Any) -> None:
-        self.results[index] = value
-        self.remaining -= 1
-        if self.remaining == 0:
-            self._wake(None)
-
-    def fail(self, error: BaseException) -> None:
-        self._wake(error)
-
-
-class _Scheduler:
-    """Batches generation requests: one generator call whenever no node is busy, or when a batch is full.
-
-    Busy tokens: a node holds one from its start to its end, except while it waits (`wait`); whoever completes
-    what it waits for gives it a token back before it can run (`_Join._wake`). So ``busy == 0`` means every
-    live node waits for a generation or for children that all wait for generations: the pending requests are
-    all the requests this wave will get.
-    """
-
-    def __init__(
-        self, generator: Generator, max_batch_size: int | None, max_batch_wait_s: float | None, stats: EngineStats
-    ) -> None:
-        self.generator = generator
-        self.max_batch_size = max_batch_size
-        self.max_batch_wait_s = max_batch_wait_s
-        self.stats = stats
-        self.busy = 0
-        self.pending: list[tuple[list[int], _Join, int, tuple]] = []
-        self._oldest_pending = 0.0  # loop time at which the oldest pending request arrived
-        self._timer: asyncio.TimerHandle | None = None
-        self.in_flight = False
-        self.failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlm-generator")
-        self._calls: set[asyncio.Task[None]] = set()
-
-    def shutdown(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._executor.shutdown(wait=False)
-
-    def acquire(self, count: int = 1) -> None:
-        self.busy += count
-
-    def release(self) -> None:
-        self.busy -= 1
-        self._maybe_flush()
-
-    def submit(self, prompt_ids: list[int], join: _Join, index: int, key: tuple) -> None:
-        """Queue one generation whose completion becomes part `index` of `join`. ``key`` is the request's place in
-        the rollouts, independent of timing (`_Run.request_key`): each batch goes to the generator in key order."""
-        if self.failure.done():
-            raise self.failure.exception()  # type: ignore[misc]
-        if not self.pending:
-            self._start_waiting()
-        self.pending.append((prompt_ids, join, index, key))
-        self._maybe_flush()
-
-    def _start_waiting(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._oldest_pending = loop.time()
-        if self.max_batch_wait_s is not None:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = loop.call_later(self.max_batch_wait_s, self._maybe_flush)
-
-    async def wait(self, join: _Join) -> list[Any]:
-        """Give up the caller's busy token until `join` completes (it comes back with the results)."""
-        self.release()
-        return await join.future
-
-    async def generate(self, prompts: Sequence[list[int]], keys: Sequence[tuple]) -> list[Completion]:
-        join = _Join(self, len(prompts))
-        for index, (prompt_ids, key) in enumerate(zip(prompts, keys, strict=True)):
-            self.submit(prompt_ids, join, index, key)
-        return await self.wait(join)
-
-    def _maybe_flush(self) -> None:
-        if self.in_flight or not self.pending or self.failure.done():
-            return
-        full = self.max_batch_size is not None and len(self.pending) >= self.max_batch_size
-        overdue = (
-            self.max_batch_wait_s is not None
-            and asyncio.get_running_loop().time() - self._oldest_pending >= self.max_batch_wait_s
-        )
-        if self.busy > 0 and not full and not overdue:
-            return
-        size = self.max_batch_size or len(self.pending)
-        # Requests arrive in the order the REPL cells finished, which varies from run to run; the generator gets
-        # them in the order of their place in the rollouts instead, so that the same seed gives the same samples.
-        self.pending.sort(key=lambda request: request[3])
-        batch, self.pending = self.pending[:size], self.pending[size:]
-        if self.pending:  # the rest of an oversized wave: it has waited already, so it goes next
-            self._start_waiting()
-        self.in_flight = True
-        task = asyncio.get_running_loop().create_task(self._call(batch))
-        self._calls.add(task)
-        task.add_done_callback(self._calls.discard)
-
-    async def _call(self, batch: list[tuple[list[int], _Join, int, tuple]]) -> None:
-        started = time.perf_counter()
-        try:
-            prompts = [prompt_ids for prompt_ids, _, _, _ in batch]
-            completions = await asyncio.get_running_loop().run_in_executor(
-                self._executor, _call_generator, self.generator, prompts
-            )
-            if not isinstance(completions, list) or len(completions) != len(batch):
-                raise GeneratorError(f"the generator returned {len(completions)} completions for {len(batch)} prompts")
-            for completion in completions:
-                if not isinstance(completion, Completion):
-                    raise GeneratorError(
-                        f"the generator must return Completion objects, got {type(completion).__name__}"
-                    )
-        except Exception as exc:  # noqa: BLE001 - every waiter of the batch gets it, then the run aborts
-            error = exc if isinstance(exc, GeneratorError) else GeneratorError(f"the generator failed: {exc!r}")
-            error.__cause__ = exc if error is not exc else None
-            if not self.failure.done():
-                self.failure.set_exception(error)
-                self.failure.exception()  # mark retrieved: `arun` re-raises it
-            for _, join, _, _ in batch:
-                join.fail(error)
-            return
-        finally:
-            self.stats.generator_calls += 1
-            self.stats.batch_sizes.append(len(batch))
-            self.stats.generator_time_s += time.perf_counter() - started
-            self.in_flight = False
-        self.stats.sequences += len(batch)
-        for (_, join, index, _), completion in zip(batch, completions):
-            join.set(index, completion)
-        self._maybe_flush()
-
-
 @dataclass
 class _Run:
     """State of one `RLMEngine.arun`: the scheduler, the nodes of every tree, the live tasks."""
 
-    scheduler: _Scheduler
+    scheduler: WaveScheduler
     pool: ThreadPoolExecutor
     stats: EngineStats
     trees: list[list[RolloutNode]] = field(default_factory=list)  # nodes of each root, in creation order
@@ -316,13 +162,6 @@ class _Run:
         return task
 
 
-def _call_generator(generator: Generator, prompts: list[list[int]]) -> list[Completion]:
-    try:
-        return generator.generate(prompts)
-    except StopIteration as exc:  # cannot be set on a Future: asyncio would wait forever instead of failing
-        raise GeneratorError(f"the generator raised StopIteration ({exc!r})") from exc
-
-
 # ------------------------------------------------------------------------------------------------- engine
 class RLMEngine:
     """Runs RLM rollout trees for many tasks concurrently, batching all generations (see the module docstring).
@@ -333,6 +172,9 @@ class RLMEngine:
         config: limits, sandbox settings, batching and prompt templates.
         chat_template_kwargs: extra keyword arguments for ``apply_chat_template`` (e.g. ``enable_thinking``).
         max_repl_workers: threads that start and close REPL processes.
+        sandbox_backend: where every REPL's interpreter runs (a `trl_ext.rlm.sandbox.SandboxBackend`; docs/security.md
+            says how to write one). Default: the local backend ``config.sandbox.isolation`` resolves to on this
+            host, chosen once here (``isolation="strict"`` without namespaces fails now, ``"auto"`` warns once).
     """
 
     def __init__(
@@ -343,6 +185,7 @@ class RLMEngine:
         *,
         chat_template_kwargs: dict[str, Any] | None = None,
         max_repl_workers: int = 8,
+        sandbox_backend: SandboxBackend | None = None,
     ) -> None:
         if not callable(getattr(generator, "generate", None)):
             raise TypeError(f"generator must have a generate(prompts) method, got {type(generator).__name__}")
@@ -351,7 +194,9 @@ class RLMEngine:
         self.generator = generator
         self.tokenizer = tokenizer
         self.config = config if config is not None else RLMScaffoldConfig()
-        resolve_isolation(self.config.sandbox)  # fail (isolation='strict') or warn now, not in every rollout
+        if sandbox_backend is not None and not isinstance(sandbox_backend, SandboxBackend):
+            raise TypeError(f"sandbox_backend must be a SandboxBackend, got {type(sandbox_backend).__name__}")
+        self.sandbox_backend = sandbox_backend if sandbox_backend is not None else select_backend(self.config.sandbox)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.max_repl_workers = max_repl_workers
         self.stats = EngineStats()
@@ -375,7 +220,7 @@ class RLMEngine:
         started = time.perf_counter()
         self.stats = stats = EngineStats()
         run = _Run(
-            scheduler=_Scheduler(self.generator, self.config.max_batch_size, self.config.max_batch_wait_s, stats),
+            scheduler=WaveScheduler(self.generator, self.config.max_batch_size, self.config.max_batch_wait_s, stats),
             pool=ThreadPoolExecutor(max_workers=self.max_repl_workers, thread_name_prefix="rlm-repl"),
             stats=stats,
         )
@@ -473,6 +318,7 @@ class RLMEngine:
             limits=config.sandbox,
             helpers=config.helpers,
             helper_objects=config.helper_objects,
+            backend=self.sandbox_backend,
         )
 
     async def _close_repl(self, run: _Run, repl_future: asyncio.Future[PythonREPL]) -> None:
@@ -547,7 +393,7 @@ class RLMEngine:
                         f"shorten it (it starts {prompt[:80]!r})"
                     )
 
-        join = _Join(run.scheduler, len(prompts))
+        join = Join(run.scheduler, len(prompts))
         for index in range(num_children):
             context = request.contexts[index] if request.contexts is not None else None
             self._spawn_child(run, node, turn_index, request_index, prompts[index], context, join, index)
@@ -579,7 +425,7 @@ class RLMEngine:
         request_index: int,
         prompt: str,
         context: Any,
-        join: _Join,
+        join: Join,
         index: int,
     ) -> None:
         context = prompt if context is None else context
@@ -630,38 +476,3 @@ class RLMEngine:
             stats.prompt_too_long += 1
         elif node.end_reason == "error":
             stats.node_errors += 1
-
-
-# ----------------------------------------------------------------------------------------------- analysis
-def critical_path_generations(tree: RolloutTree) -> int:
-    """The fewest sequential generator calls that can produce `tree`: its longest chain of dependent generations.
-
-    A turn's action depends on the previous turn's code having finished, which depends on every completion and
-    child that code waited for, in the order of its query calls. With every independent request of every tree
-    batched together, a run needs ``max(critical_path_generations(tree) for tree in trees)`` calls; a
-    scheduler's efficiency is that over the calls it made.
-    """
-    nodes = tree.nodes
-
-    def last_level(node: RolloutNode, first_level: int) -> int:
-        """Level (0-based call index) of the node's last generation, given the level of its first action."""
-        level = first_level
-        for turn_index, turn in enumerate(node.turns):
-            if turn_index:
-                level += 1  # this turn's action comes after the previous turn's code finished
-            requests = sorted(
-                {call.request for call in turn.llm_calls} | {nodes[c].spawned_at[1] for c in turn.children}
-            )  # type: ignore[index]
-            for request in requests:
-                end = level
-                if any(call.request == request for call in turn.llm_calls):
-                    end = max(end, level + 1)
-                for child in turn.children:
-                    if nodes[child].spawned_at[1] == request:  # type: ignore[index]
-                        end = max(end, last_level(nodes[child], level + 1))
-                level = end
-        return level
-
-    if not tree.root.turns:
-        return 0
-    return last_level(tree.root, 0) + 1

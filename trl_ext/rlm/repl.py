@@ -30,20 +30,8 @@ The query functions block the model's code and send a request to the parent, whi
 rollout engine's). A handler refuses a request by raising `QueryRefused`; its message is raised inside the
 model's code as ``RuntimeError``. Any other exception from a handler is a bug: it propagates to the caller.
 
-Wire protocol (parent side here, child side in ``_sandbox_child.py``): framed messages on two pipes, a 4-byte
-big-endian length then the payload; pickles from parent to child, JSON objects from child to parent (the
-parent never unpickles anything the sandbox produced):
-
-    zygote            the server's code, then each REPL's configuration     (see `trl_ext.rlm.sandbox`)
-    parent -> child   {"kind": "init", "context", "helpers", "objects"}      once, at start
-    child -> parent   {"kind": "ready"} | {"kind": "ready", "error": traceback}
-    parent -> child   {"kind": "exec", "seq": n, "code": str}
-    child -> parent   {"kind": "query", "seq": n, "function", "prompts", "contexts"}  zero or more times, each
-    parent -> child   {"kind": "answer", "answers": [str]} | {"kind": "answer", "error": str}   answered by this
-    child -> parent   {"kind": "result", "seq": n, "stdout", "error", "final_answer"}
-
-Every frame from the child carries the sequence number of the cell it belongs to; a frame of another cell, or
-bytes after a cell's result, is a protocol violation.
+The frames on the interpreter's pipes are `trl_ext.rlm.repl_protocol`; what a REPL owns (folder, log, uid,
+interpreter) is `trl_ext.rlm.repl_resources`.
 
 Sandbox (`trl_ext.rlm.sandbox`; threat model and guarantees in docs/security.md): every limit and isolation
 setting is one `SandboxLimits`. By default the interpreter gets its own root file system (the runtime
@@ -58,52 +46,43 @@ output starts with `REPL_RESTART_NOTICE`.
 from __future__ import annotations
 
 import asyncio
-import functools
-import json
-import logging
-import marshal
 import os
 import pickle
-import select
-import stat
-import struct
 import sys
 import tempfile
-import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any, Literal, TypeVar
+from dataclasses import replace
+from typing import Any, TypeVar
 
+from .repl_protocol import (
+    QUERY_FUNCTIONS,
+    AsyncQueryHandler,
+    ChildGone,
+    ProtocolError,
+    QueryHandler,
+    QueryRefused,
+    QueryRequest,
+    ReplResult,
+    Wire,
+    parse_query,
+    parse_result,
+)
+from .repl_resources import Interpreter, Resources, repl_parent_dir
 from .sandbox import (
     LaunchSpec,
     SandboxBackend,
     SandboxError,
     SandboxLimits,
-    SandboxProcess,
-    UidLease,
     acquire_uid,
     describe_exit,
     force_rmtree,
-    processes_of_uid,
-    remove_files_of_uid,
-    sandbox_environment,
     select_backend,
 )
 
-logger = logging.getLogger(__name__)
-
-__all__ = [
-    "PythonREPL",
-    "QueryRefused",
-    "QueryRequest",
-    "REPL_RESTART_NOTICE",
-    "ReplResult",
-    "SandboxError",
-]
+__all__ = ["REPL_RESTART_NOTICE", "PythonREPL"]
 
 # Shown at the top of the first cell's output after the interpreter was lost (timeout, crash, protocol error).
 REPL_RESTART_NOTICE = (
@@ -111,335 +90,7 @@ REPL_RESTART_NOTICE = (
     "functions were loaded again.]\n"
 )
 
-QUERY_FUNCTIONS = ("llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched")
-_HEADER = struct.Struct(">I")
-# The sandbox server, compiled once here and sent to every new interpreter as its first message (marshal), so
-# an interpreter start skips compiling it; `_BOOT` is the only code given on the command line.
-_SERVER_FILENAME = "<sandbox>"
-_SERVER_CODE = marshal.dumps(
-    compile(Path(__file__).with_name("_sandbox_child.py").read_text(), _SERVER_FILENAME, "exec")
-)
-_BOOT = (
-    "import marshal,os,sys\n"
-    "def _read(n):\n"
-    "    data = b''\n"
-    "    while len(data) < n:\n"
-    "        chunk = os.read(int(sys.argv[1]), n - len(data))\n"
-    "        if not chunk: os._exit(0)\n"
-    "        data += chunk\n"
-    "    return data\n"
-    "exec(marshal.loads(_read(int.from_bytes(_read(4), 'big'))))\n"
-)
 _T = TypeVar("_T")
-
-
-# --------------------------------------------------------------------------------------------------- values
-@dataclass(frozen=True)
-class ReplResult:
-    """What one cell produced.
-
-    Attributes:
-        stdout: captured stdout+stderr (at most `max_output_chars` characters, then a note), preceded by
-            `REPL_RESTART_NOTICE` when the interpreter had to be restarted before this cell.
-        error: the traceback the model reads (only its own frames), or a description of a timeout/crash.
-        timed_out: the cell hit the wall-clock limit and the interpreter was killed.
-        final_answer: set when the cell called ``FINAL_VAR``: the value, as a string.
-        crashed: the interpreter died during the cell (crash, CPU limit, protocol violation) and was discarded.
-        restarted: the cell ran in a fresh interpreter because the previous one was lost.
-        answer_truncated: the final answer was longer than ``max_answer_chars`` and was cut to that length.
-    """
-
-    stdout: str
-    error: str | None = None
-    timed_out: bool = False
-    final_answer: str | None = None
-    crashed: bool = False
-    restarted: bool = False
-    answer_truncated: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "stdout": self.stdout,
-            "error": self.error,
-            "timed_out": self.timed_out,
-            "final_answer": self.final_answer,
-            "crashed": self.crashed,
-            "restarted": self.restarted,
-            "answer_truncated": self.answer_truncated,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ReplResult:
-        keys = ("stdout", "error", "timed_out", "final_answer", "crashed", "restarted")
-        return cls(**{key: data[key] for key in keys}, answer_truncated=data.get("answer_truncated", False))
-
-
-@dataclass(frozen=True)
-class QueryRequest:
-    """A call of ``llm_query``/``llm_query_batched``/``rlm_query``/``rlm_query_batched`` made by model code.
-
-    Attributes:
-        function: which of the four functions was called.
-        prompts: one prompt per requested completion (the single-prompt functions send one).
-        contexts: for the ``rlm_*`` functions, one JSON value per prompt (None where the model gave none);
-            None for the ``llm_*`` functions.
-    """
-
-    function: Literal["llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched"]
-    prompts: tuple[str, ...]
-    contexts: tuple[Any, ...] | None = None
-
-    @property
-    def recursive(self) -> bool:
-        return self.function.startswith("rlm_")
-
-
-class QueryRefused(Exception):  # noqa: N818 - it is a refusal the model reads, not an internal error
-    """Raised by a query handler to refuse a request; the message is raised in the model's code."""
-
-
-QueryHandler = Callable[[QueryRequest], Sequence[str]]
-AsyncQueryHandler = Callable[[QueryRequest], Awaitable[Sequence[str]]]
-
-
-class _ChildGone(Exception):
-    """The interpreter closed its end of the pipe (it exited or was killed)."""
-
-
-class _ProtocolError(Exception):
-    """The interpreter sent something that is not a valid message."""
-
-
-# ------------------------------------------------------------------------------------------------- the wire
-class _Wire:
-    """Framed messages over two non-blocking pipes: pickles out, JSON objects in."""
-
-    def __init__(self, read_fd: int, write_fd: int, max_message_bytes: int) -> None:
-        self.read_fd = read_fd
-        self.write_fd = write_fd
-        self.max_message_bytes = max_message_bytes
-        self._buffer = bytearray()
-        os.set_blocking(read_fd, False)
-        os.set_blocking(write_fd, False)
-
-    def close(self) -> None:
-        for fd in (self.read_fd, self.write_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-    @staticmethod
-    def encode(message: Mapping[str, Any]) -> bytes:
-        payload = pickle.dumps(dict(message), protocol=pickle.HIGHEST_PROTOCOL)
-        return _HEADER.pack(len(payload)) + payload
-
-    def _next_frame(self) -> dict[str, Any] | None:
-        if len(self._buffer) < _HEADER.size:
-            return None
-        (size,) = _HEADER.unpack_from(self._buffer)
-        if size > self.max_message_bytes:
-            raise _ProtocolError(f"a {size}-byte message exceeds max_message_bytes={self.max_message_bytes}")
-        if len(self._buffer) < _HEADER.size + size:
-            return None
-        payload = bytes(self._buffer[_HEADER.size : _HEADER.size + size])
-        del self._buffer[: _HEADER.size + size]
-        try:
-            message = json.loads(payload)
-        except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser's stack
-            raise _ProtocolError(f"malformed message ({exc})") from None
-        if not isinstance(message, dict) or not isinstance(message.get("kind"), str):
-            raise _ProtocolError("a message must be a JSON object with a string 'kind'")
-        return message
-
-    def pending(self) -> bool:
-        """Bytes are waiting: buffered, or readable on the pipe right now."""
-        if self._buffer:
-            return True
-        poller = select.poll()  # not select.select: descriptors past 1023 are common with hundreds of REPLs
-        poller.register(self.read_fd, select.POLLIN)
-        return bool(poller.poll(0))
-
-    def _read_available(self) -> bool:
-        try:
-            data = os.read(self.read_fd, 1 << 16)
-        except BlockingIOError:
-            return False
-        if not data:
-            raise _ChildGone()
-        self._buffer += data
-        return True
-
-    async def recv(self, timeout_s: float) -> dict[str, Any]:
-        """The next message; raises TimeoutError after `timeout_s`, `_ChildGone` on end of file."""
-        frame = self._next_frame()
-        if frame is not None:
-            return frame
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[dict[str, Any]] = loop.create_future()
-
-        def on_readable() -> None:
-            if future.done():
-                return
-            try:
-                while self._read_available():
-                    frame = self._next_frame()
-                    if frame is not None:
-                        future.set_result(frame)
-                        return
-            except Exception as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-                future.set_exception(exc)
-
-        loop.add_reader(self.read_fd, on_readable)
-        try:
-            return await asyncio.wait_for(future, max(timeout_s, 0.0))
-        except asyncio.TimeoutError:
-            raise TimeoutError() from None
-        finally:
-            loop.remove_reader(self.read_fd)
-
-    def _write_some(self, view: memoryview) -> int:
-        try:
-            return os.write(self.write_fd, view)
-        except BlockingIOError:
-            return 0
-        except (BrokenPipeError, ConnectionResetError):
-            raise _ChildGone() from None
-
-    async def send(self, message: Mapping[str, Any], timeout_s: float) -> None:
-        view = memoryview(self.encode(message))
-        view = view[self._write_some(view) :]
-        if not view:
-            return
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        remaining = [view]
-
-        def on_writable() -> None:
-            if future.done():
-                return
-            try:
-                remaining[0] = remaining[0][self._write_some(remaining[0]) :]
-            except Exception as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-                future.set_exception(exc)
-                return
-            if not remaining[0]:
-                future.set_result(None)
-
-        loop.add_writer(self.write_fd, on_writable)
-        try:
-            await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
-            raise TimeoutError() from None
-        finally:
-            loop.remove_writer(self.write_fd)
-
-
-# -------------------------------------------------------------------------------------------- the processes
-@dataclass
-class _Interpreter:
-    """One sandboxed interpreter (a REPL replaces it after a timeout or crash)."""
-
-    process: SandboxProcess
-    wire: _Wire
-    ready: bool = False
-
-    def kill(self) -> int | None:
-        """Kill everything of this interpreter (the backend waits until nothing is left); returns its status."""
-        try:
-            return self.process.kill()
-        finally:
-            self.wire.close()
-
-
-@dataclass
-class _Resources:
-    """Everything a REPL owns for its whole life; `release` frees it all (also run by a GC finalizer)."""
-
-    root_dir: str
-    home: str
-    log_fd: int
-    lease: UidLease | None
-    clean_shared_dirs: bool  # the process backend shares /tmp and /dev/shm with the host
-    interpreter: _Interpreter | None = None
-    loop: asyncio.AbstractEventLoop | None = None
-    released: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def release(self) -> None:
-        with self.lock:
-            if self.released:
-                return
-            self.released = True
-            contained = False
-            if self.interpreter is not None:
-                self.interpreter.kill()
-                contained = getattr(self.interpreter.process, "contained", False)
-                self.interpreter = None
-            if self.lease is not None:
-                self._release_uid(self.lease, contained)
-            os.close(self.log_fd)
-            force_rmtree(self.root_dir)
-            if self.loop is not None and not self.loop.is_closed() and not self.loop.is_running():
-                self.loop.close()
-
-    def _release_uid(self, lease: UidLease, contained: bool) -> None:
-        """Hand the uid back only when nothing of this REPL remains under it (else keep it out of use)."""
-        left = [] if contained else [f"process {pid}" for pid in processes_of_uid(lease.uid)]
-        if self.clean_shared_dirs:
-            left += remove_files_of_uid(lease.uid)
-        if left:
-            logger.warning(
-                "Sandbox uid %d is not handed to another REPL: %s of its last REPL remain", lease.uid, left[:5]
-            )
-            return  # the lock stays held until this process exits
-        lease.release()
-
-
-# ---------------------------------------------------------------------------------------------------- REPL
-
-
-def traversable_by_others(path: str) -> bool:
-    """Whether a process of another uid can reach files below ``path`` (every folder on the way has o+x)."""
-    path = os.path.realpath(path)
-    while True:
-        try:
-            if not os.stat(path).st_mode & stat.S_IXOTH:
-                return False
-        except OSError:
-            return False
-        parent = os.path.dirname(path)
-        if parent == path:
-            return True
-        path = parent
-
-
-def repl_parent_dir() -> str:
-    """Where a REPL that runs under a private uid gets its folder: the temporary folder (``$TMPDIR``) when that uid
-    can reach into it, else ``/tmp``.
-
-    A ``$TMPDIR`` of mode 0700 (a per-user runtime folder, ``mktemp -d``) keeps every other uid out, so a sandbox
-    uid could not reach its own working directory there and the interpreter would fail to start.
-    """
-    return _repl_parent_dir(tempfile.gettempdir())
-
-
-@functools.cache  # one look (and one log line) per temporary folder
-def _repl_parent_dir(preferred: str) -> str:
-    if traversable_by_others(preferred):
-        return preferred
-    if traversable_by_others("/tmp"):
-        logger.info(
-            "The temporary folder %s is closed to other users, so the REPLs' private uids could not reach their "
-            "folders there: REPL folders go to /tmp instead.",
-            preferred,
-        )
-        return "/tmp"
-    raise SandboxError(
-        f"Neither the temporary folder {preferred} nor /tmp can be traversed by other users, so a REPL running "
-        "under a private uid could not reach its own folder: set TMPDIR to a folder every user can traverse "
-        "(mode 0711 or 0755 on it and every folder above it)."
-    )
 
 
 class PythonREPL:
@@ -455,7 +106,8 @@ class PythonREPL:
         on_query: answers the query functions in `execute` (see the module docstring). Without it they raise.
         env: extra environment variables for the sandbox (it gets none of the trainer's otherwise). Never put
             secrets here: model code reads every variable it gets.
-        backend: where the interpreter runs; default: the local backend `limits.isolation` resolves to.
+        backend: where the interpreter runs (a `trl_ext.rlm.sandbox.SandboxBackend`; docs/security.md says how to
+            write one); default: the local backend `limits.isolation` resolves to on this host.
         **overrides: `SandboxLimits` fields.
 
     Raises:
@@ -510,10 +162,8 @@ class PythonREPL:
             if lease is not None:
                 lease.release()
             raise
-        self._env = sandbox_environment(home, env)
-        if self.backend.name == "namespace":
-            self._env["TMPDIR"] = "/tmp"
-        self._resources = _Resources(root_dir, home, log_fd, lease, clean_shared_dirs=self.backend.name == "process")
+        self._env = self.backend.environment(home, env)
+        self._resources = Resources(root_dir, home, log_fd, lease, shared_dirs=self.backend.shared_dirs)
         self._finalizer = weakref.finalize(self, self._resources.release)
         self._lost_reason: str | None = None
         self._executing = False
@@ -533,7 +183,8 @@ class PythonREPL:
 
     @property
     def isolation(self) -> str:
-        """The backend this REPL runs on: ``"namespace"`` or ``"process"``."""
+        """The name of the backend this REPL runs on (`SandboxBackend.name`; the local one's: ``"namespace"`` or
+        ``"process"``)."""
         return self.backend.name
 
     @property
@@ -555,8 +206,7 @@ class PythonREPL:
         """Peak memory of the current interpreter life, all its processes and files together (None without
         control groups)."""
         interpreter = self._resources.interpreter
-        peak = getattr(interpreter.process, "memory_peak_bytes", None) if interpreter is not None else None
-        return peak() if peak is not None else None
+        return interpreter.process.memory_peak_bytes() if interpreter is not None else None
 
     @property
     def closed(self) -> bool:
@@ -618,17 +268,11 @@ class PythonREPL:
             home=resources.home,
             log_fd=resources.log_fd,
             env=self._env,
-            server_code=_SERVER_CODE,
-            server_options={
-                "max_output_chars": self.limits.max_output_chars,
-                "max_answer_chars": self.limits.max_answer_chars,
-            },
             init_payload=self._init_payload,
-            boot=_BOOT,
         )
         process = self.backend.start(spec)
-        resources.interpreter = _Interpreter(
-            process, _Wire(process.read_fd, process.write_fd, self.limits.max_message_bytes)
+        resources.interpreter = Interpreter(
+            process, Wire(process.read_fd, process.write_fd, self.limits.max_message_bytes)
         )
 
     async def _ensure_ready(self) -> str:
@@ -648,7 +292,7 @@ class PythonREPL:
             message = await interpreter.wire.recv(startup_timeout_s)
         except TimeoutError:
             problem = f"did not start within startup_timeout_s={startup_timeout_s:g} s"
-        except (_ChildGone, _ProtocolError):
+        except (ChildGone, ProtocolError):
             problem = "failed to start"
         else:
             if message.get("kind") == "ready" and message.get("error") is None:
@@ -683,16 +327,16 @@ class PythonREPL:
                 message = await wire.recv(budget)
                 budget -= time.monotonic() - started
                 if message.get("seq") != seq:
-                    raise _ProtocolError(f"a frame of cell {message.get('seq')!r:.20} arrived during cell {seq}")
+                    raise ProtocolError(f"a frame of cell {message.get('seq')!r:.20} arrived during cell {seq}")
                 if message["kind"] == "result":
                     process.freeze()
                     if wire.pending():
-                        raise _ProtocolError("extra bytes after the cell's result")
-                    result = _parse_result(message, self.limits.max_answer_chars)
+                        raise ProtocolError("extra bytes after the cell's result")
+                    result = parse_result(message, self.limits.max_answer_chars)
                     return replace(result, stdout=notice + result.stdout, restarted=bool(notice))
                 if message["kind"] != "query":
-                    raise _ProtocolError(f"unexpected message kind {message['kind']!r:.40}")
-                request = _parse_query(message)
+                    raise ProtocolError(f"unexpected message kind {message['kind']!r:.40}")
+                request = parse_query(message)
                 process.freeze()  # nothing of the REPL runs while the policy generates the answer
                 answer = await self._answer(request, on_query)
                 process.thaw()
@@ -704,9 +348,9 @@ class PythonREPL:
                 "its variables are lost; the next cell starts a fresh REPL."
             )
             return ReplResult(stdout=notice, error=error, timed_out=True, restarted=bool(notice))
-        except (_ChildGone, _ProtocolError) as exc:
+        except (ChildGone, ProtocolError) as exc:
             returncode = await self._lose_interpreter(None)
-            if isinstance(exc, _ProtocolError):
+            if isinstance(exc, ProtocolError):
                 what = f"broke the REPL protocol ({exc})"
             elif process.out_of_memory():
                 what = (
@@ -766,49 +410,6 @@ class PythonREPL:
         if self._resources.loop is None:
             self._resources.loop = asyncio.new_event_loop()
         return self._resources.loop.run_until_complete(coroutine)
-
-
-# ---------------------------------------------------------------------------------------- message parsing
-def _parse_query(message: Mapping[str, Any]) -> QueryRequest:
-    function, prompts, contexts = message.get("function"), message.get("prompts"), message.get("contexts")
-    if function not in QUERY_FUNCTIONS:
-        raise _ProtocolError(f"unknown query function {function!r}")
-    if not isinstance(prompts, list) or not prompts or not all(isinstance(prompt, str) for prompt in prompts):
-        raise _ProtocolError("a query needs a non-empty list of prompt strings")
-    recursive = function.startswith("rlm_")
-    if recursive != isinstance(contexts, list) or (recursive and len(contexts) != len(prompts)):
-        raise _ProtocolError("rlm queries carry one context per prompt, llm queries none")
-    return QueryRequest(
-        function=function,
-        prompts=tuple(_valid_text(prompt) for prompt in prompts),
-        contexts=tuple(contexts) if recursive else None,
-    )
-
-
-def _parse_result(message: Mapping[str, Any], max_answer_chars: int) -> ReplResult:
-    stdout, error, final_answer = message.get("stdout"), message.get("error"), message.get("final_answer")
-    if not isinstance(stdout, str) or not isinstance(error, (str, type(None))):
-        raise _ProtocolError("a result needs a str 'stdout' and a str or null 'error'")
-    if not isinstance(final_answer, (str, type(None))):
-        raise _ProtocolError("a result's 'final_answer' must be a str or null")
-    truncated = final_answer is not None and len(final_answer) > max_answer_chars
-    if truncated:
-        final_answer = final_answer[:max_answer_chars]
-    return ReplResult(
-        stdout=_valid_text(stdout),
-        error=_valid_text(error) if error is not None else None,
-        final_answer=_valid_text(final_answer) if final_answer is not None else None,
-        answer_truncated=truncated,
-    )
-
-
-def _valid_text(text: str) -> str:
-    """`text` with lone surrogates (which JSON can carry but tokenizers reject) replaced by "?"."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-    return text
 
 
 def _format_log_tail(tail: str) -> str:

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from . import prompts
 from ..fields import mirror_field
-from .repl import ReplResult
+from . import prompts
+from .repl_protocol import ReplResult
 from .sandbox import SandboxLimits
 
 __all__ = [

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..advantages import trained_node_weights
-from .repl import ReplResult
+from .repl_protocol import ReplResult
 
 EndReason = Literal["final_answer", "max_turns", "prompt_too_long", "error"]
 END_REASONS: tuple[str, ...] = ("final_answer", "max_turns", "prompt_too_long", "error")

@@ -1,0 +1,128 @@
+"""What a REPL owns for its whole life, and where: its folder (`repl_parent_dir`), its log, its private uid, its
+current interpreter (`Interpreter`), all freed at once by `Resources.release` (also run by a GC finalizer).
+
+Threat model (docs/security.md, class 3): a uid goes back to the pool only when nothing of its last REPL remains
+under it (processes, files in the directories the backend shares with the host); else it stays out of use until
+the trainer exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import stat
+import tempfile
+import threading
+from dataclasses import dataclass, field
+
+from .repl_protocol import Wire
+from .sandbox import SandboxError, SandboxProcess, UidLease, force_rmtree, processes_of_uid, remove_files_of_uid
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Interpreter", "Resources", "repl_parent_dir", "traversable_by_others"]
+
+
+@dataclass
+class Interpreter:
+    """One sandboxed interpreter (a REPL replaces it after a timeout or crash)."""
+
+    process: SandboxProcess
+    wire: Wire
+    ready: bool = False
+
+    def kill(self) -> int | None:
+        """Kill everything of this interpreter (the backend waits until nothing is left); returns its status."""
+        try:
+            return self.process.kill()
+        finally:
+            self.wire.close()
+
+
+@dataclass
+class Resources:
+    """Everything a REPL owns for its whole life; `release` frees it all (also run by a GC finalizer)."""
+
+    root_dir: str
+    home: str
+    log_fd: int
+    lease: UidLease | None
+    shared_dirs: tuple[str, ...]  # host directories the backend shares with others (`SandboxBackend.shared_dirs`)
+    interpreter: Interpreter | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    released: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def release(self) -> None:
+        with self.lock:
+            if self.released:
+                return
+            self.released = True
+            contained = False
+            if self.interpreter is not None:
+                self.interpreter.kill()
+                contained = self.interpreter.process.contained
+                self.interpreter = None
+            if self.lease is not None:
+                self._release_uid(self.lease, contained)
+            os.close(self.log_fd)
+            force_rmtree(self.root_dir)
+            if self.loop is not None and not self.loop.is_closed() and not self.loop.is_running():
+                self.loop.close()
+
+    def _release_uid(self, lease: UidLease, contained: bool) -> None:
+        """Hand the uid back only when nothing of this REPL remains under it (else keep it out of use)."""
+        left = [] if contained else [f"process {pid}" for pid in processes_of_uid(lease.uid)]
+        if self.shared_dirs:
+            left += remove_files_of_uid(lease.uid, self.shared_dirs)
+        if left:
+            logger.warning(
+                "Sandbox uid %d is not handed to another REPL: %s of its last REPL remain", lease.uid, left[:5]
+            )
+            return  # the lock stays held until this process exits
+        lease.release()
+
+
+def traversable_by_others(path: str) -> bool:
+    """Whether a process of another uid can reach files below ``path`` (every folder on the way has o+x)."""
+    path = os.path.realpath(path)
+    while True:
+        try:
+            if not os.stat(path).st_mode & stat.S_IXOTH:
+                return False
+        except OSError:
+            return False
+        parent = os.path.dirname(path)
+        if parent == path:
+            return True
+        path = parent
+
+
+def repl_parent_dir() -> str:
+    """Where a REPL that runs under a private uid gets its folder: the temporary folder (``$TMPDIR``) when that uid
+    can reach into it, else ``/tmp``.
+
+    A ``$TMPDIR`` of mode 0700 (a per-user runtime folder, ``mktemp -d``) keeps every other uid out, so a sandbox
+    uid could not reach its own working directory there and the interpreter would fail to start.
+    """
+    return _repl_parent_dir(tempfile.gettempdir())
+
+
+@functools.cache  # one look (and one log line) per temporary folder
+def _repl_parent_dir(preferred: str) -> str:
+    if traversable_by_others(preferred):
+        return preferred
+    if traversable_by_others("/tmp"):
+        logger.info(
+            "The temporary folder %s is closed to other users, so the REPLs' private uids could not reach their "
+            "folders there: REPL folders go to /tmp instead.",
+            preferred,
+        )
+        return "/tmp"
+    raise SandboxError(
+        f"Neither the temporary folder {preferred} nor /tmp can be traversed by other users, so a REPL running "
+        "under a private uid could not reach its own folder: set TMPDIR to a folder every user can traverse "
+        "(mode 0711 or 0755 on it and every folder above it)."
+    )

@@ -1,0 +1,87 @@
+"""Inside the sandbox: the life of one REPL, step by step (docs/security.md explains why each step is there).
+
+0. the zygote receives the REPL's configuration and pipes over its socket and forks; the child takes the REPL's
+   session, environment, log and directory (`_zygote`, `_become_repl`);
+1. it becomes the supervisor: subreaper, lifeline to the trainer, new PID namespace (namespace backend); it forks
+   the server (PID 1 there) and stays behind to reap, kill and report (`_supervise`);
+2. the server joins its control groups, enters mount, IPC, UTS (and network) namespaces and pivots into a root
+   file system that shows only the runtime (`_enter_namespaces`); the process backend instead opens an
+   ``O_PATH`` descriptor on every import directory while still privileged;
+3. it applies its rlimits and ``no_new_privs``, drops to its private uid (or clears its capabilities in a user
+   namespace), installs the seccomp filter, kills anything left over under its uid, and points the import
+   system at ``/proc/self/fd/<n>`` for directories the uid cannot traverse (process backend);
+4. it receives the init payload (``context``, helper source, helper objects), runs the helpers, reports ready;
+5. it serves cells until told to close or until the parent's end of the pipe closes.
+"""
+
+import os
+import sys
+
+from .confine import (
+    _apply_limits,
+    _drop_capabilities,
+    _drop_privileges,
+    _enter_namespaces,
+    _join_cgroups,
+    _open_import_dirs,
+    _rewrite_import_paths,
+)
+from .seccomp import _install_seccomp
+from .server import _format_exception, _reap_strays, _Server
+from .supervisor import _supervise
+from .syscalls import _PR_SET_NO_NEW_PRIVS, _prctl
+from .wire import _Channel
+from .zygote import _become_repl, _zygote
+
+
+def main():
+    read_fd, write_fd = int(sys.argv[1]), int(sys.argv[2])
+    config = _Channel(read_fd, write_fd).recv()
+    if config.get("zygote"):
+        config, read_fd, write_fd = _become_repl(*_zygote(config))
+    channel = _Channel(read_fd, write_fd)
+    if config["lifeline_fd"] is not None:
+        _supervise(config, (read_fd, write_fd))  # returns in the server, a child of the supervisor
+    _join_cgroups(config["cgroups"].values())
+    if config["namespace"]:
+        _enter_namespaces(config)
+        opened = []  # the runtime is mounted where every uid can read it
+    else:
+        opened = _open_import_dirs(config["import_paths"])
+    _apply_limits(config["limits"])
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1, "prctl(PR_SET_NO_NEW_PRIVS)")  # setuid binaries no longer raise privileges
+    if config["uid"] is not None:
+        _drop_privileges(config["uid"], config["gid"])
+    elif config["namespace"] and config["user_namespace"]:
+        _drop_capabilities()
+    if config["seccomp"]:
+        _install_seccomp()
+    os.umask(0o077)
+    os.chdir(config["home"])
+    if config["reap_strays"]:
+        _reap_strays()  # leftovers of an earlier session that used the same private uid
+    if config["namespace"]:
+        sys.path[:] = config["import_paths"]
+    else:
+        _rewrite_import_paths(opened)
+
+    protocol_fds = (read_fd, write_fd)
+
+    def _close_protocol_fds():  # forks of the REPL must not be able to talk to the parent
+        for fd in protocol_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    os.register_at_fork(after_in_child=_close_protocol_fds)
+    try:
+        server = _Server(channel, config, channel.recv())
+    except BaseException as exc:  # noqa: B902 - report a context or helper that fails to load to the parent
+        channel.send({"kind": "ready", "error": _format_exception(exc, 20_000, first_frame="<helper-")})
+        os._exit(1)
+    server.serve()
+
+
+if __name__ == "__main__":
+    main()

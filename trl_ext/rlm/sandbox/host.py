@@ -1,0 +1,234 @@
+"""What isolation this host allows (probed once per trainer process), which backend a `SandboxLimits` gets here
+(`resolve_isolation`), and what its REPLs are isolated from (`isolation_report`, written to the run info).
+
+Threat model (docs/security.md, "Backends and hosts"): ``isolation="auto"`` falls back to the process backend
+where the host gives no namespaces, with one loud warning naming what is left open; ``"strict"`` refuses to start
+instead. The report is what a user reads to know what a run's REPLs could reach.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .limits import SandboxError, SandboxLimits
+
+logger = logging.getLogger(__name__)
+
+_NAMESPACE_PROBE = r"""
+import ctypes, os, sys, tempfile
+libc = ctypes.CDLL(None, use_errno=True)
+def check(result, what):
+    if result != 0:
+        raise SystemExit(f"{what}: {os.strerror(ctypes.get_errno())}")
+user = os.geteuid() != 0
+uid, gid = os.getuid(), os.getgid()
+check(libc.unshare((0x10000000 if user else 0) | 0x20000000), "unshare(user, pid)")
+if user:
+    for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as handle:
+            handle.write(text)
+pid = os.fork()
+if pid:
+    raise SystemExit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+check(libc.unshare(0x00020000 | 0x40000000 | 0x08000000 | 0x04000000), "unshare(mount, net, ipc, uts)")
+check(libc.mount(None, b"/", None, 16384 | (1 << 18), None), "make / private")
+root = sys.argv[1]
+check(libc.mount(b"tmpfs", root.encode(), b"tmpfs", 6, b"size=1m"), "mount tmpfs")
+os.mkdir(os.path.join(root, "proc"))
+check(libc.mount(b"proc", os.path.join(root, "proc").encode(), b"proc", 14, None), "mount proc")
+"""
+
+
+@dataclass(frozen=True)
+class HostSupport:
+    """What this host lets the sandbox use (probed once per trainer process by `host_support`).
+
+    Attributes:
+        namespaces: None when new user/PID/mount/network namespaces and the mounts the namespace backend needs
+            work here, else why not.
+        cgroup_dirs: control-group controller ("memory", "pids", "freezer", "cpu") -> the directory REPL groups
+            are created in (cgroup v1, under the trainer's own group); empty when not writable.
+        cgroups: None when memory, pids and freezer groups can be created, else why not.
+        seccomp: None when the syscall filter can be installed (x86_64 Linux), else why not.
+        as_root: the trainer runs as root (REPLs then get private uids).
+    """
+
+    namespaces: str | None
+    cgroup_dirs: Mapping[str, str]
+    cgroups: str | None
+    seccomp: str | None
+    as_root: bool
+
+
+_host_lock = threading.Lock()
+_host: HostSupport | None = None
+
+
+def host_support(refresh: bool = False) -> HostSupport:
+    """Probe (once) what isolation this host allows."""
+    global _host
+    with _host_lock:
+        if _host is None or refresh:
+            _host = HostSupport(
+                namespaces=_probe_namespaces(),
+                cgroup_dirs=(dirs := _probe_cgroups()),
+                cgroups=None if {"memory", "pids", "freezer"} <= set(dirs) else _cgroup_problem(dirs),
+                seccomp=_probe_seccomp(),
+                as_root=os.geteuid() == 0,
+            )
+        return _host
+
+
+def _probe_namespaces() -> str | None:
+    if not sys.platform.startswith("linux"):
+        return f"not Linux ({sys.platform})"
+    root = tempfile.mkdtemp(prefix="trl_ext_probe_")
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _NAMESPACE_PROBE, root], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if probe.returncode == 0:
+        return None
+    return (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
+
+
+def _probe_seccomp() -> str | None:
+    if os.uname().machine != "x86_64":
+        return f"the syscall filter is written for x86_64, this is {os.uname().machine}"
+    try:
+        with open("/proc/self/status") as handle:
+            if "Seccomp:" not in handle.read():
+                return "the kernel has no seccomp support"
+    except OSError as exc:
+        return str(exc)
+    return None
+
+
+def _cgroup_problem(dirs: Mapping[str, str]) -> str:
+    if os.path.isfile("/sys/fs/cgroup/cgroup.controllers"):
+        return "the host uses cgroup v2 only, which trl-ext does not drive yet"
+    missing = sorted({"memory", "pids", "freezer"} - set(dirs))
+    return f"no writable cgroup v1 {', '.join(missing)} controller(s) (needs root and /sys/fs/cgroup mounted rw)"
+
+
+def _probe_cgroups() -> dict[str, str]:
+    """Writable cgroup v1 directories for the controllers the sandbox uses, under the trainer's own groups."""
+    if os.geteuid() != 0:
+        return {}
+    try:
+        with open("/proc/self/mounts") as handle:
+            mounts = [line.split() for line in handle]
+        with open("/proc/self/cgroup") as handle:
+            memberships = [line.rstrip("\n").split(":", 2) for line in handle]
+    except OSError:
+        return {}
+    own = {}
+    for _hierarchy, controllers, path in memberships:
+        for controller in controllers.split(","):
+            own[controller] = path
+    dirs = {}
+    for _source, mountpoint, fstype, options, *_ in mounts:
+        if fstype != "cgroup":
+            continue
+        for controller in set(options.split(",")) & {"memory", "pids", "freezer", "cpu"}:
+            if controller in own and controller not in dirs:
+                base = os.path.join(mountpoint, own[controller].lstrip("/"))
+                probe = os.path.join(base, f"trl_ext_probe_{os.getpid()}")
+                try:
+                    os.mkdir(probe)
+                    os.rmdir(probe)
+                except OSError:
+                    continue
+                dirs[controller] = base
+    return dirs
+
+
+def resolve_isolation(limits: SandboxLimits) -> str:
+    """The backend `limits` gets on this host: ``"namespace"`` or ``"process"``.
+
+    Raises:
+        SandboxError: ``isolation="strict"`` and namespaces are not available (the message says why).
+    """
+    host = host_support()
+    if limits.isolation == "process":
+        if limits.network is False:
+            _warn_once("process-network", "isolation='process' cannot take the network away from model code.")
+        return "process"
+    if host.namespaces is None:
+        return "namespace"
+    if limits.isolation == "strict":
+        raise SandboxError(
+            f"isolation='strict' needs Linux namespaces, which this host does not allow ({host.namespaces}). Run "
+            "as root or enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; a "
+            "container needs CAP_SYS_ADMIN or a seccomp profile that allows unshare), or set isolation='auto' to "
+            "accept the process backend."
+        )
+    _warn_once(
+        "auto-fallback",
+        f"REPL sandbox: Linux namespaces are not available here ({host.namespaces}); falling back to the process "
+        f"backend. NOT isolated: {'; '.join(isolation_report(limits)['open'])}. Set isolation='strict' to refuse "
+        "to start instead (docs/security.md).",
+    )
+    return "process"
+
+
+def isolation_report(limits: SandboxLimits) -> dict[str, Any]:
+    """What the REPLs of `limits` get on this host: ``{"repl/isolation", "isolated", "open"}`` (for run info)."""
+    host = host_support()
+    backend = "process" if limits.isolation == "process" or host.namespaces is not None else "namespace"
+    isolated = ["environment (allow-list)", "rlimits per process"]
+    opened = []
+    if host.as_root:
+        isolated.append("private uid per REPL (other REPLs, the trainer's processes)")
+    else:
+        opened.append("REPLs share the trainer's uid: model code can signal and read the trainer's processes")
+    if backend == "namespace":
+        isolated += ["file system (runtime read-only, private home, /tmp, /dev/shm)", "PID namespace"]
+        if limits.network:
+            opened.append("the network (network=True: model code reaches the host's services)")
+        else:
+            isolated.append("network")
+    else:
+        opened += [
+            "the host file system (world-readable files: datasets, checkpoints, the trainer's command line)",
+            "the network and local services (e.g. trl vllm-serve's weight-update endpoints)",
+            "/tmp and /dev/shm are the host's (files of a closed REPL are deleted, not hidden)",
+        ]
+    if host.cgroups is None:
+        isolated.append("per-REPL memory, processes, CPU, freezing between cells (control groups)")
+    else:
+        opened.append(
+            f"limits are per process, not per REPL, and nothing freezes REPLs between cells ({host.cgroups})"
+        )
+    if backend == "process":
+        opened.append("disk use is capped per file, not per REPL")
+    if host.seccomp is None:
+        isolated.append("no_new_privs and a syscall filter (namespaces, mount, ptrace, keyctl, bpf...)")
+    else:
+        isolated.append("no_new_privs")
+        opened.append(f"no syscall filter ({host.seccomp})")
+    return {"repl/isolation": backend, "isolated": isolated, "open": opened}
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)

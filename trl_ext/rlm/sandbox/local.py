@@ -1,0 +1,317 @@
+"""The local backend: sandboxed interpreters on this host, forked from one zygote per trainer process, each under a
+supervisor (`LocalBackend`, `LocalProcess`), and the choice between its two kinds (`select_backend`).
+
+Threat model (docs/security.md, "How it is built"): ``namespace=True`` adds Linux namespaces (no network unless
+asked, a root file system showing only the runtime, private /tmp, /dev/shm and /proc); both kinds get the
+supervisor (it kills everything of the sandbox when the trainer closes the REPL or dies), control groups where
+writable, rlimits, a private uid (root trainers), no_new_privs and the syscall filter (x86_64). The code that runs
+inside is `trl_ext.rlm.sandbox.child`.
+"""
+
+from __future__ import annotations
+
+import array
+import logging
+import math
+import os
+import pickle
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .backend import LaunchSpec, SandboxBackend, SandboxProcess
+from .cgroups import ControlGroups
+from .child import BOOT, server_code
+from .host import host_support, resolve_isolation
+from .identity import SHARED_WRITABLE_DIRS, UidLease, count_tasks_of_uid, kill_uid
+from .limits import SandboxError, SandboxLimits, sandbox_environment
+from .runtime import NAMESPACE_HOME, interpreter_import_paths, runtime_paths
+
+logger = logging.getLogger(__name__)
+
+
+class LocalProcess(SandboxProcess):
+    """An interpreter under its supervisor (see `trl_ext.rlm.sandbox.child.supervisor`) on this host."""
+
+    def __init__(
+        self,
+        pid: int,
+        read_fd: int,
+        write_fd: int,
+        lifeline: int,
+        status: int,
+        cgroups: ControlGroups | None,
+        uid: int | None,
+    ) -> None:
+        self.pid, self.read_fd, self.write_fd = pid, read_fd, write_fd
+        self._lifeline, self._status, self._cgroups, self._uid = lifeline, status, cgroups, uid
+        try:  # to wait for the supervisor's exit, although it is the zygote's child, not ours
+            self._pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self._pidfd = -1
+        self._oom = False
+        self._frozen = False
+
+    def freeze(self) -> None:
+        # The server's own thread waits on its pipe between cells: only a REPL that holds other threads or
+        # processes has something to stop (this check saves the freezer's cost on most cells).
+        if self._cgroups is not None and self._cgroups.tasks() > 1:
+            self._cgroups.freeze()
+            self._frozen = True
+
+    def thaw(self) -> None:
+        if self._frozen:
+            self._cgroups.thaw()
+            self._frozen = False
+
+    def out_of_memory(self) -> bool:
+        return self._oom or (self._cgroups is not None and self._cgroups.out_of_memory())
+
+    def memory_peak_bytes(self) -> int | None:
+        return self._cgroups.memory_peak_bytes() if self._cgroups is not None else None
+
+    def kill(self) -> int | None:
+        if self._lifeline >= 0:  # end of file on the lifeline: the supervisor kills the sandbox and exits
+            try:
+                os.write(self._lifeline, b"x")  # "closed on purpose": the supervisor leaves the REPL's directory
+            except OSError:
+                pass
+            os.close(self._lifeline)
+            self._lifeline = -1
+        returncode = self._read_status(timeout_s=10)
+        if returncode is None:
+            logger.warning("The supervisor of sandboxed interpreter %d did not report within 10 s", self.pid)
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self._pidfd >= 0:  # it exits right after its report
+            _poll_one(self._pidfd, 5)
+            os.close(self._pidfd)
+            self._pidfd = -1
+        if self._cgroups is not None:  # no process can leave its control groups: they hold all of the sandbox
+            self._oom = self._cgroups.out_of_memory()
+            self._cgroups.kill()
+            self._cgroups.remove()
+        elif self._uid is not None:
+            kill_uid(self._uid)
+        return returncode
+
+    def _read_status(self, timeout_s: float) -> int | None:
+        """The server's exit status as the supervisor reports it when it is done (None: no report in time)."""
+        if self._status < 0:
+            return None
+        data = b""
+        deadline = time.monotonic() + timeout_s
+        poller = select.poll()
+        poller.register(self._status, select.POLLIN)
+        try:
+            while len(data) < 4 and poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
+                chunk = os.read(self._status, 4 - len(data))
+                if not chunk:
+                    break
+                data += chunk
+        finally:
+            os.close(self._status)
+            self._status = -1
+        return os.waitstatus_to_exitcode(int.from_bytes(data, "big")) if len(data) == 4 else None
+
+    @property
+    def contained(self) -> bool:
+        """Everything this interpreter started was in its control groups (now empty and removed)."""
+        return self._cgroups is not None and not self._cgroups.paths
+
+
+def _poll_one(fd: int, timeout_s: float) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(timeout_s * 1000))
+
+
+class _Zygote:
+    """One pre-started interpreter per trainer process that forks the supervisors of new REPLs (see
+    `trl_ext.rlm.sandbox.child.zygote`): a fork of a loaded interpreter instead of a new one per REPL."""
+
+    def __init__(self) -> None:
+        self.owner = os.getpid()
+        self.lock = threading.Lock()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        boot_read, boot_write = os.pipe2(os.O_CLOEXEC)
+        life_read, self.lifeline = os.pipe2(os.O_CLOEXEC)  # only this process holds the write end
+        config = {"zygote": True, "socket_fd": theirs.fileno(), "lifeline_fd": life_read}
+        try:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-B", "-c", BOOT, str(boot_read), str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                env=sandbox_environment("/"),
+                cwd="/",
+                pass_fds=(boot_read, theirs.fileno(), life_read),
+                start_new_session=True,
+            )
+        finally:
+            theirs.close()
+            os.close(boot_read)
+            os.close(life_read)
+        _send_startup(boot_write, [server_code(), pickle.dumps(config)], 30)
+        os.close(boot_write)
+        self.socket = ours
+
+    def spawn(self, request: Mapping[str, Any], fds: Sequence[int]) -> int:
+        """Fork a REPL from the zygote; returns its supervisor's pid."""
+        payload = pickle.dumps(dict(request), protocol=pickle.HIGHEST_PROTOCOL)
+        with self.lock:
+            self.socket.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+            reply = self.socket.recv(4)
+        if len(reply) != 4:
+            raise SandboxError(f"The REPL zygote (pid {self.popen.pid}) stopped answering ({self.popen.poll()}).")
+        return int.from_bytes(reply, "big")
+
+    def alive(self) -> bool:
+        return self.owner == os.getpid() and self.popen.poll() is None
+
+    def close(self) -> None:
+        os.close(self.lifeline)
+        self.socket.close()
+        self.popen.wait(timeout=10)
+
+
+_zygote_lock = threading.Lock()
+_zygote: _Zygote | None = None
+
+
+def _get_zygote() -> _Zygote:
+    global _zygote
+    with _zygote_lock:
+        if _zygote is None or not _zygote.alive():  # none yet, it died, or this is a forked copy of the trainer
+            if _zygote is not None and _zygote.owner == os.getpid():
+                logger.warning("The REPL zygote exited (%s); starting a new one", _zygote.popen.poll())
+            _zygote = _Zygote()
+        return _zygote
+
+
+class LocalBackend(SandboxBackend):
+    """Sandboxed interpreters on this host: ``namespace=True`` adds Linux namespaces (no network unless asked,
+    a root file system showing only the runtime, private /tmp, /dev/shm and /proc); both kinds get the
+    supervisor, control groups where writable, rlimits, a private uid (root trainers), no_new_privs and the
+    syscall filter (x86_64)."""
+
+    def __init__(self, namespace: bool) -> None:
+        self.namespace = namespace
+        self.name = "namespace" if namespace else "process"
+        # Namespaced REPLs have /tmp and /dev/shm of their own; the process backend shares the host's.
+        self.shared_dirs = () if namespace else SHARED_WRITABLE_DIRS
+
+    def environment(self, home: str, extra: Mapping[str, str] | None) -> dict[str, str]:
+        env = sandbox_environment(home, extra)
+        if self.namespace:
+            env["TMPDIR"] = "/tmp"  # the REPL's own tmpfs
+        return env
+
+    def prepare(self, root_dir: str, lease: UidLease | None) -> str:
+        if self.namespace:
+            os.mkdir(os.path.join(root_dir, "rootfs"), 0o700)
+            return NAMESPACE_HOME
+        workdir = os.path.join(root_dir, "work")
+        os.mkdir(workdir, 0o700)
+        if lease is not None:
+            os.chown(workdir, lease.uid, lease.gid)
+        return workdir
+
+    def start(self, spec: LaunchSpec) -> LocalProcess:
+        host = host_support()
+        limits, lease = spec.limits, spec.lease
+        # RLIMIT_NPROC counts every task of the uid. A private uid has only the sandbox; a uid shared with the
+        # trainer (non-root trainer, process backend) has all of the trainer's tasks too, which must stay allowed.
+        zygote = _get_zygote()
+        shared_uid = lease is None and not self.namespace
+        tasks = 2 if not shared_uid else count_tasks_of_uid(os.getuid()) + 2
+        cgroups = ControlGroups(host.cgroup_dirs, limits) if host.cgroups is None else None
+        config = {
+            "max_output_chars": limits.max_output_chars,
+            "max_answer_chars": limits.max_answer_chars,
+            "trainer_pid": os.getpid(),
+            "root_dir": spec.root_dir,
+            "uid": lease.uid if lease is not None else None,
+            "gid": lease.gid if lease is not None else None,
+            "cgroups": dict(cgroups.paths) if cgroups is not None else {},
+            "namespace": self.namespace,
+            "user_namespace": self.namespace and not host.as_root,
+            "network": limits.network,
+            "rootfs": os.path.join(spec.root_dir, "rootfs"),
+            "home": spec.home,
+            "bind_paths": list(runtime_paths()),
+            "disk_mb": limits.disk_mb,
+            "seccomp": host.seccomp is None,
+            # Killing every other process of the sandbox is only safe with a private uid or PID namespace.
+            "reap_strays": lease is not None or self.namespace,
+            "import_paths": list(interpreter_import_paths()),
+            "limits": {
+                "RLIMIT_AS": limits.memory_mb * 2**20,
+                "RLIMIT_CPU": max(1, math.ceil(limits.cpu_time_limit_s)),
+                "RLIMIT_NPROC": tasks + limits.max_processes,
+                "RLIMIT_FSIZE": limits.disk_mb * 2**20,
+                "RLIMIT_NOFILE": limits.max_open_files,
+                "RLIMIT_CORE": 0,
+            },
+        }
+        cmd_read, cmd_write = os.pipe2(os.O_CLOEXEC)  # parent -> child
+        evt_read, evt_write = os.pipe2(os.O_CLOEXEC)  # child -> parent
+        life_read, life_write = os.pipe2(os.O_CLOEXEC)  # only this process holds the write end
+        status_read, status_write = os.pipe2(os.O_CLOEXEC)  # the supervisor's report when it is done
+        request = {
+            "config": config,
+            "env": dict(spec.env),
+            "cwd": spec.root_dir if self.namespace else spec.home,
+        }
+        try:
+            pid = zygote.spawn(request, [cmd_read, evt_write, life_read, status_write, spec.log_fd])
+        except BaseException:
+            for fd in (cmd_write, evt_read, life_write, status_read):
+                os.close(fd)
+            if cgroups is not None:
+                cgroups.remove()
+            raise
+        finally:  # the child has its own copies of its ends
+            for fd in (cmd_read, evt_write, life_read, status_write):
+                os.close(fd)
+        process = LocalProcess(pid, evt_read, cmd_write, life_write, status_read, cgroups, config["uid"])
+        _send_startup(cmd_write, [spec.init_payload], spec.limits.startup_timeout_s)
+        return process
+
+
+def _send_startup(fd: int, parts: Sequence[bytes], timeout_s: float) -> None:
+    """Write the length-prefixed startup messages; a child that dies or stalls is reported by the first read."""
+    view = memoryview(b"".join(len(part).to_bytes(4, "big") + part for part in parts))
+    deadline = time.monotonic() + timeout_s
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    blocking = os.get_blocking(fd)
+    os.set_blocking(fd, False)
+    try:
+        while view:
+            try:
+                view = view[os.write(fd, view) :]
+            except BlockingIOError:
+                pass
+            except (BrokenPipeError, ConnectionResetError):
+                return
+            if view:
+                if time.monotonic() > deadline:
+                    return
+                poller.poll(100)
+    finally:
+        os.set_blocking(fd, blocking)
+
+
+_backends = {"namespace": LocalBackend(namespace=True), "process": LocalBackend(namespace=False)}
+
+
+def select_backend(limits: SandboxLimits) -> SandboxBackend:
+    """The local backend `limits` resolves to on this host (`resolve_isolation`)."""
+    return _backends[resolve_isolation(limits)]
