@@ -1,10 +1,12 @@
 """`trl_ext.losses` against hand-computed values (docs/ipo_loss.md)."""
 
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
 
+from trl_ext.fields import documented
 from trl_ext.losses import ipo_keep_mask, ipo_loss, sampling_mismatch
 
 # Two rollouts, three completion tokens; the last token of row 1 is padding.
@@ -199,3 +201,77 @@ def test_loss_registry_names_the_choices():
         register_loss(LossSpec("ipo", "rows"))
     with pytest.raises(ValueError, match="normalization"):
         register_loss(LossSpec("new_loss", "sequence"))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------- a loss's settings
+def test_ipo_settings_own_their_defaults_validation_and_trust_region_metric():
+    from trl_ext.losses import IPOSettings, get_loss, trust_region_label, trust_region_loss, trust_region_metrics
+
+    assert IPOSettings() == IPOSettings(threshold=0.3, ratio_cap=8.0, kl_tau=0.0)
+    for bad, message in (({"threshold": 0.0}, "ipo_threshold"), ({"ratio_cap": 1.0}, "ipo_ratio_cap")):
+        with pytest.raises(ValueError, match=message):
+            IPOSettings(**bad)
+    with pytest.raises(ValueError, match="ipo_kl_tau"):
+        IPOSettings(kl_tau=-0.1)
+    ipo = get_loss("ipo")
+    assert ipo.settings is IPOSettings and ipo.trust_region_metric == "ipo/masked_ratio"
+    assert trust_region_metrics() == ("clip_ratio/region_mean", "ipo/masked_ratio")
+    assert trust_region_loss("ipo/masked_ratio") is ipo and trust_region_loss("loss") is None
+    assert trust_region_label("ipo/masked_ratio") == "IPO masked ratio"
+    assert trust_region_label("clip_ratio/region_mean") == "clip rate (clip_ratio/region_mean)"
+
+
+@dataclass(frozen=True)
+class _ScaleSettings:
+    scale: float = documented(1.0, "Multiplies the loss.")
+    offset: float = documented(0.0, "Added to the loss.")
+
+    def __post_init__(self):
+        if self.scale <= 0:
+            raise ValueError(f"scale={self.scale} must be > 0.")
+
+
+def _scaled_loss(logps, old_logps, advantages, mask, *, normalizer, weights, scale, offset):
+    return -(logps * mask).sum() / normalizer * scale + offset, {"num_tokens": mask.sum().float()}
+
+
+@pytest.fixture
+def outside_loss():
+    from trl_ext.losses import LOSSES, LossSpec, register_loss
+
+    spec = register_loss(LossSpec("test_scaled", "tokens", _scaled_loss, settings=_ScaleSettings))
+    yield spec
+    del LOSSES["test_scaled"]
+
+
+def test_an_outside_loss_reads_its_settings_from_loss_kwargs(tmp_path, outside_loss):
+    from tests.utils import cpu_config_kwargs
+    from trl_ext.losses import get_loss
+    from trl_ext.trainers.ext_grpo_config import ExtGRPOConfig
+
+    def config(**overrides):
+        return ExtGRPOConfig(**cpu_config_kwargs(str(tmp_path), loss_type="test_scaled", **overrides))
+
+    assert outside_loss.settings_from(config()) == {"scale": 1.0, "offset": 0.0}
+    assert outside_loss.settings_from(config(loss_kwargs={"scale": 2.0})) == {"scale": 2.0, "offset": 0.0}
+    assert outside_loss.settings_from(config(loss_kwargs='{"offset": 0.5}')) == {"scale": 1.0, "offset": 0.5}
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['scal'\] for loss_type='test_scaled'.*'scale'"):
+        config(loss_kwargs={"scal": 2.0})
+    with pytest.raises(ValueError, match="scale=-1.0 must be > 0"):
+        config(loss_kwargs={"scale": -1.0})
+    with pytest.raises(ValueError, match="is not JSON"):
+        config(loss_kwargs="{scale: 2}")
+    # the built-in losses read their own fields: loss_kwargs set for them is a mistake, named
+    with pytest.raises(ValueError, match="loss_type='ipo' reads its settings from the config fields ipo_<name>"):
+        ExtGRPOConfig(**cpu_config_kwargs(str(tmp_path), loss_type="ipo", loss_kwargs={"scale": 2.0}))
+    with pytest.raises(ValueError, match="loss_type='dapo' takes no settings"):
+        ExtGRPOConfig(**cpu_config_kwargs(str(tmp_path), loss_kwargs={"scale": 2.0}))
+    ipo = ExtGRPOConfig(**cpu_config_kwargs(str(tmp_path), loss_type="ipo", ipo_threshold=0.2))
+    assert get_loss("ipo").settings_from(ipo) == {"threshold": 0.2, "ratio_cap": 8.0, "kl_tau": 0.0}
+
+
+def test_register_loss_needs_a_settings_dataclass():
+    from trl_ext.losses import LossSpec, register_loss
+
+    with pytest.raises(TypeError, match="must be a dataclass whose fields are the loss's settings"):
+        register_loss(LossSpec("test_bad", "tokens", _scaled_loss, settings={"scale": "ipo_ratio_cap"}))

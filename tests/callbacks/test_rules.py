@@ -10,12 +10,8 @@ import pytest
 
 from trl_ext.callbacks import rules
 from trl_ext.callbacks.alerts import ALERTS, MonitorAlert, format_alert, format_pct
-from trl_ext.callbacks.rules import (
-    ClipRateMonitorConfig,
-    EntropyMonitorConfig,
-    Finding,
-    RewardMonitorConfig,
-)
+from trl_ext.callbacks.configs import ClipRateMonitorConfig, EntropyMonitorConfig, RewardMonitorConfig
+from trl_ext.callbacks.rules import Finding
 
 CLIP = ClipRateMonitorConfig()
 ENTROPY = EntropyMonitorConfig()

@@ -1,7 +1,10 @@
-"""Training monitors (clip rate / IPO mask, entropy and KL, reward) and the run-health plot (docs/monitoring.md).
+"""Training monitors (the loss's trust-region metric, entropy and KL, reward) and the run-health plot
+(docs/monitoring.md).
 
-- `trl_ext.callbacks.rules`: the rules as pure functions over metric series, and the monitors' settings.
+- `trl_ext.callbacks.configs`: the monitors' settings (``*MonitorConfig``) and their validation.
+- `trl_ext.callbacks.rules`: the rules as pure functions over metric series.
 - `trl_ext.callbacks.alerts`: the alert texts as data (meaning, what to check, message template).
+- `trl_ext.callbacks.base`: `MonitorCallback`, the engine every monitor shares (episodes, actions, state).
 - `trl_ext.callbacks.monitors`: the `TrainerCallback`s that feed the logs to the rules and act on the alerts.
 - `trl_ext.callbacks.plotting`: `plot_run`, one PNG of a run's health.
 
@@ -17,14 +20,14 @@ _LAZY = {
     "ClipRateMonitor": "trl_ext.callbacks.monitors",
     "EntropyMonitor": "trl_ext.callbacks.monitors",
     "RewardMonitor": "trl_ext.callbacks.monitors",
-    "MonitorCallback": "trl_ext.callbacks.monitors",
+    "MonitorCallback": "trl_ext.callbacks.base",
     "default_monitors": "trl_ext.callbacks.monitors",
     "add_monitors": "trl_ext.callbacks.monitors",
     "MonitorAlert": "trl_ext.callbacks.alerts",
     "ALERTS": "trl_ext.callbacks.alerts",
-    "ClipRateMonitorConfig": "trl_ext.callbacks.rules",
-    "EntropyMonitorConfig": "trl_ext.callbacks.rules",
-    "RewardMonitorConfig": "trl_ext.callbacks.rules",
+    "ClipRateMonitorConfig": "trl_ext.callbacks.configs",
+    "EntropyMonitorConfig": "trl_ext.callbacks.configs",
+    "RewardMonitorConfig": "trl_ext.callbacks.configs",
     "plot_run": "trl_ext.callbacks.plotting",
     "find_trainer_state": "trl_ext.callbacks.plotting",
 }

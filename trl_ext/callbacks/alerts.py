@@ -3,7 +3,8 @@
 `ALERTS` is the one home of these texts; docs/troubleshooting.md has the same table for readers. A monitor turns a
 `Finding` of a rule (`trl_ext.callbacks.rules`) into a `MonitorAlert` whose message is `format_alert` of the rule's
 template with the rule's settings, the finding's facts and what the monitor knows about the run (learning rate,
-training arguments). This module imports neither transformers nor matplotlib.
+training arguments); the clip-rate alerts name the watched metric as its loss does (`trl_ext.losses.trust_region_label`).
+This module imports neither transformers nor matplotlib.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .rules import is_number
+from ..losses import trust_region_label
+from .configs import is_number
 
 ALERT_KEY_PREFIX = "monitor/alerts/"
 
@@ -194,9 +196,7 @@ def _phrases(fields: Mapping[str, Any]) -> dict[str, str]:
         "num_iterations={num_iterations}, use_vllm={use_vllm})"
     )
     return {
-        "label": ("IPO masked ratio" if metric.startswith("ipo/") else f"clip rate ({metric})")
-        if isinstance(metric, str)
-        else "",
+        "label": trust_region_label(metric) if isinstance(metric, str) else "",
         "lr_text": f"learning_rate={lr:g}" if known_lr else "the learning rate",
         "lr_too_high": f"learning rate too high (learning_rate={lr:g})" if known_lr else "learning rate too high",
         "policy_facts": policy.format(**fields) if fields.get("gradient_accumulation_steps") is not None else "",

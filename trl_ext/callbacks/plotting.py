@@ -1,4 +1,5 @@
-"""One-look plot of a GRPO run's health: reward, clip rate / IPO mask, entropy, KL, judge share and alerts.
+"""One-look plot of a GRPO run's health: reward, the loss's trust-region metric (TRL's clip rate, the IPO masked
+ratio: `trl_ext.losses.trust_region_metrics`), entropy, KL, judge share and alerts.
 
 `plot_run` reads the ``log_history`` of the run's ``trainer_state.json`` and draws one PNG. It needs matplotlib,
 an optional extra (``pip install 'trl-ext[plot]'``), imported only when a plot is drawn. It uses matplotlib's Agg
@@ -16,34 +17,29 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..losses import LOSSES, trust_region_metrics
 from .alerts import ALERT_KEY_PREFIX
-from .rules import CLIP_METRICS, ClipRateMonitorConfig, EntropyMonitorConfig
+from .configs import ClipRateMonitorConfig, EntropyMonitorConfig
 
 TRAINER_STATE_NAME = "trainer_state.json"
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
-# The panel and the metric (first present) where a rule's marker goes; every alert also gets a line across panels.
-_CLIP_KEYS = CLIP_METRICS  # in the order ClipRateMonitor picks its metric
+# The panel where a rule's marker goes and its metric (first present; the clip panel's: the registered losses'
+# trust-region metrics); every alert also gets a line across panels.
 _RULE_MARKER = {
-    "clip_rate_high": ("clip", _CLIP_KEYS),
-    "clip_rate_low": ("clip", _CLIP_KEYS),
-    "clip_rate_stuck_zero": ("clip", _CLIP_KEYS),
-    "clip_rate_drop": ("clip", _CLIP_KEYS),
-    "clip_rate_jump": ("clip", _CLIP_KEYS),
+    "clip_rate_high": ("clip", ()),
+    "clip_rate_low": ("clip", ()),
+    "clip_rate_stuck_zero": ("clip", ()),
+    "clip_rate_drop": ("clip", ()),
+    "clip_rate_jump": ("clip", ()),
     "entropy_collapse": ("entropy", ("entropy",)),
     "kl_spike": ("kl", ("kl",)),
     "reward_collapse": ("reward", ("reward",)),
     "reward_no_signal": ("reward", ("reward",)),
     "judge_failure": ("judge", ("judge/failure_ratio",)),
 }
-_PANEL_SERIES = {
-    "reward": ("reward",),
-    "clip": ("clip_ratio/region_mean", "ipo/masked_ratio", "ipo/capped_ratio"),
-    "entropy": ("entropy",),
-    "kl": ("kl",),
-    "judge": ("judge/share", "judge/failure_ratio"),
-}
 _PERCENT_PANELS = {"clip", "judge"}
+_CLIP_COLORS = ("C1", "C4", "C5", "C8", "C9")  # the clip panel's series, in the order of `_panel_series`
 # Alert colours, distinct from the metric lines (C0-C3, C6, C7).
 _ALERT_COLORS = ("tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "black", "gold", "navy", "crimson")
 
@@ -87,6 +83,19 @@ def find_trainer_state(output_dir: str | os.PathLike[str]) -> Path:
             return -1
 
     return max(candidates, key=lambda c: (global_step(c), c == top))
+
+
+def _panel_series() -> dict[str, tuple[str, ...]]:
+    """Each panel's logged keys; the clip panel's: every registered loss's trust-region metric, then the related
+    fractions the losses log (``ipo/capped_ratio``)."""
+    related = (key for spec in LOSSES.values() for key in spec.trust_region_related)
+    return {
+        "reward": ("reward",),
+        "clip": tuple(dict.fromkeys((*trust_region_metrics(), *related))),
+        "entropy": ("entropy",),
+        "kl": ("kl",),
+        "judge": ("judge/share", "judge/failure_ratio"),
+    }
 
 
 def _finite(value: Any) -> bool:
@@ -159,11 +168,12 @@ def plot_run(output_dir: str | os.PathLike[str], out: str | os.PathLike[str] | N
         if not any(str(key).startswith("eval_") for key in entry) and "train_runtime" not in entry
     ]
 
-    panels = [name for name, keys in _PANEL_SERIES.items() if any(_series(history, key)[0] for key in keys)]
+    panel_series = _panel_series()
+    panels = [name for name, keys in panel_series.items() if any(_series(history, key)[0] for key in keys)]
     if not panels:
         raise ValueError(
-            f"{state_path} has no reward, clip_ratio/region_mean, ipo/masked_ratio, entropy, kl or judge metrics in "
-            "its log_history; is it a GRPO run with logging_steps set?"
+            f"{state_path} has no reward, {', '.join(trust_region_metrics())}, entropy, kl or judge metrics in its "
+            "log_history; is it a GRPO run with logging_steps set?"
         )
 
     alerts: dict[str, list[int]] = {}
@@ -216,7 +226,8 @@ def plot_run(output_dir: str | os.PathLike[str], out: str | os.PathLike[str] | N
                 lw=0,
                 label=f"healthy band {100 * band[0]:g}–{100 * band[1]:g}%",
             )
-            for key, color in zip(_PANEL_SERIES["clip"], ("C1", "C4", "C5")):
+            for index, key in enumerate(panel_series["clip"]):
+                color = _CLIP_COLORS[index % len(_CLIP_COLORS)]
                 steps, values = _series(history, key)
                 if not steps:
                     continue
@@ -237,7 +248,7 @@ def plot_run(output_dir: str | os.PathLike[str], out: str | os.PathLike[str] | N
                 else:
                     ax.plot(steps, [100 * v for v in values], color=color, lw=1.4, marker=".", ms=3, label=key)
             ax.set_ylabel("clip / mask (%)")
-            top = max([100 * band[1] * 1.3] + [100 * v for k in _PANEL_SERIES["clip"] for v in _series(history, k)[1]])
+            top = max([100 * band[1] * 1.3] + [100 * v for k in panel_series["clip"] for v in _series(history, k)[1]])
             ax.set_ylim(0, top * 1.05)
         elif panel == "entropy":
             steps, values = _series(history, "entropy")
@@ -257,7 +268,7 @@ def plot_run(output_dir: str | os.PathLike[str], out: str | os.PathLike[str] | N
                 ax.axhline(kl_max, color="0.4", ls=":", lw=1, label=f"kl_max {kl_max:g}")
             ax.set_ylabel("KL to reference")
         else:  # judge
-            for key, color in zip(_PANEL_SERIES["judge"], ("C6", "C7")):
+            for key, color in zip(panel_series["judge"], ("C6", "C7")):
                 steps, values = _series(history, key)
                 if steps:
                     ax.plot(steps, [100 * v for v in values], color=color, lw=1.4, label=key)
@@ -269,8 +280,9 @@ def plot_run(output_dir: str | os.PathLike[str], out: str | os.PathLike[str] | N
                 ax.axvline(step, color=rule_colors[rule], ls="--", lw=1.1, alpha=0.8)
             marker_panel, marker_keys = _RULE_MARKER.get(rule, (None, ()))
             if marker_panel == panel:
-                if panel == "clip" and clip_state.get("metric") in marker_keys:
-                    marker_keys = (clip_state["metric"],)
+                if panel == "clip":  # the metric the monitor watched, else the first registered one present
+                    watched = clip_state.get("metric")
+                    marker_keys = (watched,) if watched in trust_region_metrics() else trust_region_metrics()
                 by_step: dict[int, float] = {}
                 for key in marker_keys:
                     steps, values = _series(history, key)

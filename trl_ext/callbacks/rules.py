@@ -1,8 +1,9 @@
-"""The monitor rules as pure functions over metric series, and their threshold settings (docs/monitoring.md).
+"""The monitor rules as pure functions over metric series (docs/monitoring.md); their settings are the
+``*MonitorConfig`` dataclasses of `trl_ext.callbacks.configs`.
 
 Every rule has the same signature::
 
-    rule(values: Sequence[float], steps: Sequence[int], config, memory=None) -> RuleResult
+    rule(values: Values, steps: Steps, config, memory=None) -> RuleResult
 
 (`clip_rate_low` and `clip_rate_stuck_zero` also take ``off_policy``: they stay silent in on-policy runs).
 ``values[i]`` is the i-th observation of the rule's metric and ``steps[i]`` its global step (same length,
@@ -25,11 +26,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-# The keys `ClipRateMonitor` watches, in the order it picks the first one present.
-CLIP_METRICS = ("ipo/masked_ratio", "clip_ratio/region_mean")
+from .configs import ClipRateMonitorConfig, EntropyMonitorConfig, RewardMonitorConfig
+
 NOISE_WINDOW = 50  # raw rewards used to estimate the reward's log-to-log noise
 
 Memory = dict[str, Any]
+Values = Sequence[float]  # the observations of one metric
+Steps = Sequence[int]  # their global steps
 
 
 @dataclass(frozen=True)
@@ -57,282 +60,6 @@ class RuleResult(NamedTuple):
 
     findings: list[Finding]
     memory: Memory
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Validation helpers: every error names the owner, the setting, the bad value and a valid example.
-
-
-def is_number(value: Any) -> bool:
-    """True for an int or float that is not a bool."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def check_int(owner: str, name: str, value: Any, minimum: int, example: int) -> int:
-    """``value`` as an int >= ``minimum``, or a TypeError/ValueError naming the setting and an example."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{owner}: {name}={value!r} must be an int >= {minimum}; pass e.g. {name}={example}.")
-    if value < minimum:
-        raise ValueError(f"{owner}: {name}={value!r} must be >= {minimum}; pass e.g. {name}={example}.")
-    return value
-
-
-def check_float(
-    owner: str,
-    name: str,
-    value: Any,
-    example: float,
-    *,
-    low: float | None = None,
-    high: float | None = None,
-    low_inclusive: bool = True,
-    high_inclusive: bool = True,
-    allow_none: bool = False,
-) -> float | None:
-    """``value`` as a finite float inside the bounds (None allowed with ``allow_none``), or a TypeError/ValueError."""
-    if value is None and allow_none:
-        return None
-    none_hint = " (or None to disable the check)" if allow_none else ""
-    if not is_number(value) or not math.isfinite(value):
-        raise TypeError(f"{owner}: {name}={value!r} must be a finite number{none_hint}; pass e.g. {name}={example}.")
-    too_low = low is not None and (value < low if low_inclusive else value <= low)
-    too_high = high is not None and (value > high if high_inclusive else value >= high)
-    if too_low or too_high:
-        lo = "" if low is None else f"{'>=' if low_inclusive else '>'} {low}"
-        hi = "" if high is None else f"{'<=' if high_inclusive else '<'} {high}"
-        bounds = " and ".join(b for b in (lo, hi) if b)
-        raise ValueError(f"{owner}: {name}={value!r} must be {bounds}{none_hint}; pass e.g. {name}={example}.")
-    return float(value)
-
-
-class _Config:
-    """Validation for the monitor configs (frozen dataclasses): each check names the config, the field, the bad value
-    and a valid example; floats are stored as float."""
-
-    def _int(self, name: str, minimum: int, example: int) -> int:
-        return check_int(type(self).__name__, name, getattr(self, name), minimum, example)
-
-    def _float(self, name: str, example: float, **bounds: Any) -> float | None:
-        value = check_float(type(self).__name__, name, getattr(self, name), example, **bounds)
-        object.__setattr__(self, name, value)
-        return value
-
-    def _key(self, name: str, example: str, allow_none: bool = False) -> None:
-        value = getattr(self, name)
-        if (value is None and allow_none) or (isinstance(value, str) and value):
-            return
-        none_hint = ", or None" if allow_none else ""
-        raise TypeError(
-            f"{type(self).__name__}: {name}={value!r} must be a logged key such as {example!r}{none_hint}."
-        )
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Settings, one config per monitor
-
-
-@dataclass(frozen=True)
-class ClipRateMonitorConfig(_Config):
-    """Settings of `ClipRateMonitor`: the healthy band of the clip rate / IPO masked ratio and the step-change rules.
-
-    Band rules: ``healthy_min``, ``healthy_max``, ``patience``, ``stuck_patience``, ``zero_atol``.
-    Step-change rules: ``drop_factor``, ``jump_factor``, ``jump_patience``, ``window``, ``min_history``.
-    Wiring: ``metric``, ``expect_nonzero``, ``aggregate_logs``.
-    """
-
-    metric: str | None = field(
-        default=None,
-        metadata={
-            "help": "Logged key to watch; None picks the first present of 'ipo/masked_ratio', "
-            "'clip_ratio/region_mean' and keeps it."
-        },
-    )
-    healthy_min: float = field(default=0.01, metadata={"help": "Lower edge of the healthy band (fraction)."})
-    healthy_max: float = field(default=0.20, metadata={"help": "Upper edge of the healthy band (fraction)."})
-    patience: int = field(
-        default=3,
-        metadata={"help": "Consecutive observations outside the band before clip_rate_high / clip_rate_low fire."},
-    )
-    stuck_patience: int = field(
-        default=5, metadata={"help": "Consecutive exact zeros before clip_rate_stuck_zero fires."}
-    )
-    zero_atol: float = field(default=0.0, metadata={"help": "Values <= this count as exactly 0."})
-    drop_factor: float = field(
-        default=0.25,
-        metadata={"help": "clip_rate_drop fires when a value is below drop_factor x the rolling median."},
-    )
-    jump_factor: float = field(
-        default=3.0, metadata={"help": "clip_rate_jump counts values >= jump_factor x the rolling median."}
-    )
-    jump_patience: int = field(
-        default=3, metadata={"help": "Consecutive jumped observations before clip_rate_jump fires."}
-    )
-    window: int = field(default=10, metadata={"help": "Observations in the rolling median."})
-    min_history: int = field(default=5, metadata={"help": "Observations needed before the drop/jump rules run."})
-    expect_nonzero: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Whether the run is off-policy (non-zero values expected; the low and stuck-at-0 rules run "
-            "only then); None infers it from the training arguments at train begin."
-        },
-    )
-    aggregate_logs: int | None = field(
-        default=None,
-        metadata={
-            "help": "Logs averaged into one observation; None = one generation cycle, inferred from the arguments."
-        },
-    )
-
-    def __post_init__(self) -> None:
-        owner = type(self).__name__
-        self._key("metric", "clip_ratio/region_mean", allow_none=True)
-        healthy_min = self._float("healthy_min", 0.01, low=0.0, high=1.0, high_inclusive=False)
-        healthy_max = self._float("healthy_max", 0.2, low=0.0, high=1.0, low_inclusive=False)
-        if healthy_min >= healthy_max:
-            raise ValueError(
-                f"{owner}: healthy_min={self.healthy_min!r} must be below healthy_max={self.healthy_max!r}; "
-                "pass e.g. healthy_min=0.01, healthy_max=0.2."
-            )
-        self._int("patience", 1, 3)
-        self._int("stuck_patience", 1, 5)
-        self._float("zero_atol", 0.0, low=0.0, high=healthy_min)
-        self._float("drop_factor", 0.25, low=0.0, high=1.0, low_inclusive=False, high_inclusive=False)
-        self._float("jump_factor", 3.0, low=1.0, low_inclusive=False)
-        self._int("jump_patience", 1, 3)
-        self._int("window", 1, 10)
-        self._int("min_history", 1, 5)
-        if self.min_history > self.window:
-            raise ValueError(
-                f"{owner}: min_history={self.min_history!r} cannot exceed window={self.window!r}; "
-                f"pass e.g. min_history={self.window}."
-            )
-        if self.expect_nonzero is not None and not isinstance(self.expect_nonzero, bool):
-            raise TypeError(
-                f"{owner}: expect_nonzero={self.expect_nonzero!r} must be True, False or None (infer from args)."
-            )
-        if self.aggregate_logs is not None:
-            self._int("aggregate_logs", 1, 1)
-
-
-@dataclass(frozen=True)
-class EntropyMonitorConfig(_Config):
-    """Settings of `EntropyMonitor`: entropy collapse (absolute floor, relative drop) and KL spikes.
-
-    Entropy: ``entropy_floor``, ``floor_patience``, ``max_drop``, ``baseline_logs``, ``smoothing``.
-    KL: ``kl_max``, ``kl_spike_factor``, ``kl_spike_min``, ``kl_window``, ``kl_min_history``.
-    Wiring: ``entropy_metric``, ``kl_metric``.
-    """
-
-    entropy_floor: float | None = field(
-        default=0.03, metadata={"help": "Absolute floor in nats (mean per-token entropy); None disables it."}
-    )
-    floor_patience: int = field(default=2, metadata={"help": "Consecutive logs below the floor before the alert."})
-    max_drop: float | None = field(
-        default=0.9,
-        metadata={
-            "help": "Relative drop from the early level that counts as collapse (0.9 = entropy fell to a tenth); "
-            "None disables it."
-        },
-    )
-    baseline_logs: int = field(default=5, metadata={"help": "Logs that define the early level (their median)."})
-    smoothing: int = field(default=3, metadata={"help": "Logs in the median compared with the early level."})
-    kl_max: float | None = field(
-        default=1.0, metadata={"help": "Absolute KL threshold (nats per token); None disables it."}
-    )
-    kl_spike_factor: float | None = field(
-        default=5.0, metadata={"help": "Multiple of the KL rolling median that counts as a spike; None disables it."}
-    )
-    kl_spike_min: float = field(
-        default=0.01,
-        metadata={"help": "Relative KL spikes below this KL are ignored (KL grows from 0 early in training)."},
-    )
-    kl_window: int = field(default=10, metadata={"help": "Logs in the KL rolling median."})
-    kl_min_history: int = field(default=5, metadata={"help": "Logs needed before the relative KL rule runs."})
-    entropy_metric: str = field(default="entropy", metadata={"help": "Logged key of the mean token entropy."})
-    kl_metric: str = field(default="kl", metadata={"help": "Logged key of the KL to the reference (beta > 0)."})
-
-    def __post_init__(self) -> None:
-        self._float("entropy_floor", 0.03, low=0.0, allow_none=True)
-        self._int("floor_patience", 1, 2)
-        self._float("max_drop", 0.9, low=0.0, high=1.0, low_inclusive=False, high_inclusive=False, allow_none=True)
-        self._int("baseline_logs", 1, 5)
-        self._int("smoothing", 1, 3)
-        self._float("kl_max", 1.0, low=0.0, low_inclusive=False, allow_none=True)
-        self._float("kl_spike_factor", 5.0, low=1.0, low_inclusive=False, allow_none=True)
-        self._float("kl_spike_min", 0.01, low=0.0)
-        self._int("kl_window", 1, 10)
-        self._int("kl_min_history", 1, 5)
-        if self.kl_min_history > self.kl_window:
-            raise ValueError(
-                f"{type(self).__name__}: kl_min_history={self.kl_min_history!r} cannot exceed "
-                f"kl_window={self.kl_window!r}; pass e.g. kl_min_history={self.kl_window}."
-            )
-        self._key("entropy_metric", "entropy")
-        self._key("kl_metric", "kl")
-
-
-@dataclass(frozen=True)
-class RewardMonitorConfig(_Config):
-    """Settings of `RewardMonitor`: reward collapse after a rise, no learning signal, judge failures.
-
-    Collapse: ``smoothing``, ``min_rise``, ``max_drop``, ``collapse_patience``, ``min_drop_sigmas``.
-    Signal: ``zero_std_max``, ``zero_std_patience``. Judge: ``judge_failure_max``, ``judge_patience``.
-    Wiring: ``reward_metric``, ``zero_std_metric``, ``judge_failure_metric``.
-    """
-
-    smoothing: int = field(default=5, metadata={"help": "Logs in the moving average of the reward."})
-    min_rise: float = field(
-        default=0.1,
-        metadata={
-            "help": "Gain (in reward units) the smoothed reward must make before a collapse can be called; set it "
-            "to your reward's scale (0.1 suits rewards in [0, 1])."
-        },
-    )
-    max_drop: float = field(
-        default=0.5, metadata={"help": "Fraction of the gain that must be lost (0.5 = half of it)."}
-    )
-    collapse_patience: int = field(
-        default=3, metadata={"help": "Consecutive logs below the collapse threshold before the alert."}
-    )
-    min_drop_sigmas: float = field(
-        default=6.0,
-        metadata={
-            "help": "The loss from the peak must also be at least this many standard errors of the smoothed "
-            "reward (0 disables the noise guard)."
-        },
-    )
-    zero_std_max: float | None = field(
-        default=0.9,
-        metadata={"help": "frac_reward_zero_std at or above this is 'no signal'; None disables the rule."},
-    )
-    zero_std_patience: int = field(default=5, metadata={"help": "Consecutive logs before reward_no_signal."})
-    judge_failure_max: float | None = field(
-        default=0.2,
-        metadata={"help": "Judge failure ratio above this fires judge_failure; None disables the rule."},
-    )
-    judge_patience: int = field(default=2, metadata={"help": "Consecutive logs before judge_failure."})
-    reward_metric: str = field(default="reward", metadata={"help": "Logged key of the mean reward."})
-    zero_std_metric: str = field(
-        default="frac_reward_zero_std",
-        metadata={"help": "Logged key of the fraction of groups whose rewards all agree."},
-    )
-    judge_failure_metric: str = field(
-        default="judge/failure_ratio", metadata={"help": "Logged key of the judge's failure ratio (judge credit)."}
-    )
-
-    def __post_init__(self) -> None:
-        self._int("smoothing", 1, 5)
-        self._float("min_rise", 0.1, low=0.0, low_inclusive=False)
-        self._float("max_drop", 0.5, low=0.0, high=1.0, low_inclusive=False)
-        self._int("collapse_patience", 1, 3)
-        self._float("min_drop_sigmas", 6.0, low=0.0)
-        self._float("zero_std_max", 0.9, low=0.0, high=1.0, low_inclusive=False, allow_none=True)
-        self._int("zero_std_patience", 1, 5)
-        self._float("judge_failure_max", 0.2, low=0.0, high=1.0, high_inclusive=False, allow_none=True)
-        self._int("judge_patience", 1, 2)
-        self._key("reward_metric", "reward")
-        self._key("zero_std_metric", "frac_reward_zero_std")
-        self._key("judge_failure_metric", "judge/failure_ratio")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -367,8 +94,8 @@ def _rolling_reference(history: Sequence[float], window: int, min_history: int) 
 
 def _consecutive(
     rule: str,
-    values: Sequence[float],
-    steps: Sequence[int],
+    values: Values,
+    steps: Steps,
     abnormal: Callable[[float], bool],
     patience: int,
     memory: Mapping[str, Any] | None,
@@ -390,7 +117,7 @@ def _consecutive(
 
 
 def clip_rate_high(
-    values: Sequence[float], steps: Sequence[int], config: ClipRateMonitorConfig, memory: Memory | None = None
+    values: Values, steps: Steps, config: ClipRateMonitorConfig, memory: Memory | None = None
 ) -> RuleResult:
     """The value has been above the healthy band for a while: the trained policy is far from the sampling one.
 
@@ -401,12 +128,7 @@ def clip_rate_high(
 
 
 def clip_rate_low(
-    values: Sequence[float],
-    steps: Sequence[int],
-    config: ClipRateMonitorConfig,
-    memory: Memory | None = None,
-    *,
-    off_policy: bool = True,
+    values: Values, steps: Steps, config: ClipRateMonitorConfig, memory: Memory | None = None, off_policy: bool = True
 ) -> RuleResult:
     """The value has been below the healthy band in an off-policy run: the updates barely move the policy.
 
@@ -428,12 +150,7 @@ def clip_rate_low(
 
 
 def clip_rate_stuck_zero(
-    values: Sequence[float],
-    steps: Sequence[int],
-    config: ClipRateMonitorConfig,
-    memory: Memory | None = None,
-    *,
-    off_policy: bool = True,
+    values: Values, steps: Steps, config: ClipRateMonitorConfig, memory: Memory | None = None, off_policy: bool = True
 ) -> RuleResult:
     """The value has been exactly 0 in an off-policy run: every importance ratio is 1.
 
@@ -452,7 +169,7 @@ def clip_rate_stuck_zero(
 
 
 def clip_rate_drop(
-    values: Sequence[float], steps: Sequence[int], config: ClipRateMonitorConfig, memory: Memory | None = None
+    values: Values, steps: Steps, config: ClipRateMonitorConfig, memory: Memory | None = None
 ) -> RuleResult:
     """A sudden drop from an established level: the generator and trainer changed how they score tokens.
 
@@ -471,7 +188,7 @@ def clip_rate_drop(
 
 
 def clip_rate_jump(
-    values: Sequence[float], steps: Sequence[int], config: ClipRateMonitorConfig, memory: Memory | None = None
+    values: Values, steps: Steps, config: ClipRateMonitorConfig, memory: Memory | None = None
 ) -> RuleResult:
     """A step change inside the band that stays: a mismatch appeared or the learning rate changed.
 
@@ -512,7 +229,7 @@ def entropy_baseline(memory: Mapping[str, Any] | None, config: EntropyMonitorCon
 
 
 def entropy_collapse(
-    values: Sequence[float], steps: Sequence[int], config: EntropyMonitorConfig, memory: Memory | None = None
+    values: Values, steps: Steps, config: EntropyMonitorConfig, memory: Memory | None = None
 ) -> RuleResult:
     """The policy's entropy collapsed: it puts almost all its mass on few tokens.
 
@@ -553,9 +270,7 @@ def entropy_collapse(
     return RuleResult(findings, {"baseline": baseline_values, "recent": recent, "floor_streak": streak})
 
 
-def kl_spike(
-    values: Sequence[float], steps: Sequence[int], config: EntropyMonitorConfig, memory: Memory | None = None
-) -> RuleResult:
+def kl_spike(values: Values, steps: Steps, config: EntropyMonitorConfig, memory: Memory | None = None) -> RuleResult:
     """The KL to the reference jumped: the policy moved abruptly away from the reference model.
 
     Fires at each log where the KL is above ``config.kl_max`` (1.0; variant ``"max"``), or above
@@ -586,7 +301,7 @@ def kl_spike(
 
 
 def reward_collapse(
-    values: Sequence[float], steps: Sequence[int], config: RewardMonitorConfig, memory: Memory | None = None
+    values: Values, steps: Steps, config: RewardMonitorConfig, memory: Memory | None = None
 ) -> RuleResult:
     """The reward rose, then lost most of its gain, by more than its noise.
 
@@ -636,7 +351,7 @@ def reward_collapse(
 
 
 def reward_no_signal(
-    values: Sequence[float], steps: Sequence[int], config: RewardMonitorConfig, memory: Memory | None = None
+    values: Values, steps: Steps, config: RewardMonitorConfig, memory: Memory | None = None
 ) -> RuleResult:
     """Nearly every group got identical rewards, so the advantages are 0 and nothing is learnt.
 
@@ -651,7 +366,7 @@ def reward_no_signal(
 
 
 def judge_failure(
-    values: Sequence[float], steps: Sequence[int], config: RewardMonitorConfig, memory: Memory | None = None
+    values: Values, steps: Steps, config: RewardMonitorConfig, memory: Memory | None = None
 ) -> RuleResult:
     """The LLM judge fails on many rollouts, which then get no token credit (judge credit runs).
 

@@ -1,14 +1,18 @@
-"""`ExtGRPOConfig`: every field of `trl.GRPOConfig`, plus the loss settings, shared-prefix packing, the prompt cap
-and the colocated vLLM engine's dtype."""
+"""`ExtGRPOConfig`: every field of `trl.GRPOConfig`, plus the loss settings (the IPO loss's mirrored from
+`trl_ext.losses.IPOSettings`, ``loss_kwargs`` for a loss registered from outside), shared-prefix packing, the prompt
+cap and the colocated vLLM engine's dtype. Each field's one doc is its help text (`trl_ext.fields`)."""
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 from trl import GRPOConfig
 
-from ..losses import get_loss
+from ..fields import document_fields, documented, mirror_field
+from ..losses import IPOSettings, get_loss
 
 logger = logging.getLogger(__name__)
 
@@ -16,122 +20,84 @@ VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 PREFIX_SHARING_MODES = ("auto", "on", "off")
 
 
+def _ipo_setting(name: str) -> Any:
+    return mirror_field(IPOSettings, name, "IPO loss", section=_IPO_SECTION)
+
+
+_IPO_SECTION = 'Loss (docs/ipo_loss.md; the ipo_<name> fields are used when `loss_type="ipo"`)'
+
+
+@document_fields
 @dataclass
 class ExtGRPOConfig(GRPOConfig):
     r"""
-    Configuration for [`ExtGRPOTrainer`]: every field of `trl.GRPOConfig`, plus the IPO masking loss.
-
-    Parameters:
-        > IPO masking loss (docs/ipo_loss.md; used when `loss_type="ipo"`)
-
-        loss_type (`str`, *optional*, defaults to `"dapo"`):
-            A loss of the registry `trl_ext.losses.LOSSES`: TRL's (`"grpo"`, `"bnpo"`, `"dr_grpo"`, `"dapo"`,
-            `"cispo"`, `"sapo"`, `"luspo"`, `"vespo"`) or `"ipo"`: keep a token iff `|p − p_old| <= ipo_threshold`,
-            cap the ratio at `ipo_ratio_cap`, normalise by the number of loss tokens (as `"dapo"`).
-        ipo_threshold (`float`, *optional*, defaults to `0.3`):
-            ε, the largest probability change `|p − p_old|` of a token that still gets a gradient.
-        ipo_ratio_cap (`float`, *optional*, defaults to `8.0`):
-            C, the cap on the importance ratio `p / p_old` (value ≤ C, gradient bounded by C). Must be > 1.
-        ipo_kl_tau (`float`, *optional*, defaults to `0.0`):
-            τ, weight of the `(log p/p_old)²` penalty added to every loss token.
-
-        > Shared-prefix packing (docs/packing.md)
-
-        prefix_sharing (`str`, *optional*, defaults to `"auto"`):
-            `"auto"`: every log-prob pass (policy, old policy, reference, entropies) encodes a prefix shared by
-            several rows once (a GRPO prompt and its G completions, a stepwise node's history and its turns), when
-            the model supports it (attention `sdpa`, `eager` or `flex_attention`, text only, one process or DDP)
-            and it saves at least 20 % of the tokens and 1,024 tokens; results equal the unpacked rows'. `"on"`: pack
-            every pass the model supports, whatever it saves. `"off"`: TRL's rows.
-        max_packed_tokens (`int`, *optional*, defaults to `8192`):
-            Token budget of one packed row (a row longer than this gets a packed row of its own). Without
-            gradients, packed rows run in forwards of at most this many tokens.
-
-        > Prompts
-
-        max_prompt_length (`int` or `None`, *optional*, defaults to `None`):
-            Longest tokenized prompt. A longer one is cut from the left (its end, where the question is, kept) and
-            counted in the ``prompts/truncated_ratio`` metric; a prompt with images is never cut, it fails with the
-            row's length. `None`: the model's positions minus `max_completion_length` (no cap when the model config
-            does not say). TRL 1.16 has no prompt cap of its own.
-
-        > Precision
-
-        bf16 (`bool` or `None`, *optional*, defaults to `None`):
-            TRL's field, with one change: left unset (and `fp16` off), it is `False` (float32 training) when training
-            runs on the CPU (`use_cpu=True`, or no accelerator with bf16 support), and TRL's `True` otherwise.
-            `bf16=True` where bf16 cannot run fails with the fix.
-
-        > vLLM
-
-        vllm_dtype (`str`, *optional*, defaults to `"auto"`):
-            The dtype of the colocated vLLM engine (`vllm_mode="colocate"`). `"auto"` is vLLM's choice, which runs a
-            float32 checkpoint in bfloat16: its sampling log-probs then differ from the trained policy's by the
-            rounding (IPO masks, clipping and importance ratios see it). `"float32"` matches a float32 policy
-            exactly (what the CPU tests use); `"bfloat16"`/`"float16"` pin the engine's precision. In server mode,
-            pass `--dtype` to `trl vllm-serve`.
+    Configuration for [`ExtGRPOTrainer`]: every field of `trl.GRPOConfig`, plus the loss registry's settings,
+    shared-prefix packing, the prompt cap and the colocated vLLM engine's dtype.
     """
 
-    ipo_threshold: float = field(
-        default=0.3,
-        metadata={
-            "help": "IPO loss: ε, the largest probability change |p − p_old| of a token that still gets a gradient "
-            "(tokens beyond it are masked, whatever the advantage sign). 0.3 is the judge blog's run setting; "
-            "prime-rl's own default is 0.1."
-        },
+    loss_type: str = documented(
+        "dapo",
+        "A loss of the registry `trl_ext.losses.LOSSES`: TRL's ('grpo', 'bnpo', 'dr_grpo', 'dapo', 'cispo', 'sapo', "
+        "'luspo', 'vespo'), trl-ext's 'ipo' (keep a token iff |p − p_old| <= ipo_threshold, cap the ratio at "
+        "ipo_ratio_cap, normalise by the number of loss tokens as 'dapo') or one registered with "
+        "`trl_ext.losses.register_loss`.",
+        section=_IPO_SECTION,
     )
-    ipo_ratio_cap: float = field(
-        default=8.0,
-        metadata={"help": "IPO loss: C, the cap on the importance ratio p / p_old (value ≤ C, gradient ≤ C). > 1."},
+    ipo_threshold: float = _ipo_setting("threshold")
+    ipo_ratio_cap: float = _ipo_setting("ratio_cap")
+    ipo_kl_tau: float = _ipo_setting("kl_tau")
+    loss_kwargs: dict | str | None = documented(
+        None,
+        "Settings of a loss registered from outside (`register_loss` with a settings class), as a dict or its JSON "
+        "(e.g. '{\"scale\": 2.0}'), checked by that class. None: the class's defaults. trl-ext's and TRL's losses "
+        "read their own fields instead.",
+        section=_IPO_SECTION,
     )
-    ipo_kl_tau: float = field(
-        default=0.0,
-        metadata={"help": "IPO loss: τ, weight of the (log p/p_old)² penalty on every loss token. >= 0."},
+    prefix_sharing: str = documented(
+        "auto",
+        "Shared-prefix packing of the log-prob passes (policy, old policy, reference, entropies): 'auto' encodes a "
+        "prefix shared by several rows once (a GRPO prompt and its G completions, a stepwise node's history and its "
+        "turns) when the model supports it (attention sdpa, eager or flex_attention, text only, one process or "
+        "DDP) and it saves at least 20% of the tokens and 1,024 tokens; results equal the unpacked rows'. 'on': "
+        "pack every pass the model supports, whatever it saves. 'off': TRL's rows.",
+        section="Shared-prefix packing (docs/packing.md)",
     )
-    prefix_sharing: str = field(
-        default="auto",
-        metadata={
-            "help": "Shared-prefix packing of the log-prob passes: 'auto' (where the model supports it and it saves "
-            "at least 20% and 1,024 tokens; results equal the unpacked rows'), 'on' (every pass the model supports) "
-            "or 'off' (TRL's rows)."
-        },
+    max_packed_tokens: int = documented(
+        8192,
+        "Token budget of one packed row (a row longer than this gets a packed row of its own). Without gradients, "
+        "packed rows run in forwards of at most this many tokens. >= 1.",
     )
-    max_packed_tokens: int = field(
-        default=8192,
-        metadata={"help": "Token budget of one packed row (shared-prefix packing). >= 1."},
+    max_prompt_length: int | None = documented(
+        None,
+        "Longest tokenized prompt. A longer one is cut from the left (its end, where the question is, kept) and "
+        "counted in the prompts/truncated_ratio metric; a prompt with images is never cut, it fails with the row's "
+        "length. None: the model's positions minus max_completion_length (no cap when the model config does not "
+        "say). TRL 1.16 has no prompt cap of its own.",
+        section="Prompts",
     )
-    max_prompt_length: int | None = field(
-        default=None,
-        metadata={
-            "help": "Longest tokenized prompt; longer ones are cut from the left and counted in "
-            "prompts/truncated_ratio (prompts with images fail instead). None: the model's positions minus "
-            "max_completion_length."
-        },
+    bf16: bool | None = documented(
+        None,
+        "TRL's field, with one change: left unset (and fp16 off), it is False (float32 training) when training runs "
+        "on the CPU (use_cpu=True, or no accelerator with bf16 support), and TRL's True otherwise. bf16=True where "
+        "bf16 cannot run fails with the fix.",
+        section="Precision",
     )
-    vllm_dtype: str = field(
-        default="auto",
-        metadata={
-            "help": "dtype of the colocated vLLM engine: 'auto' (vLLM's choice: bfloat16 for a float32 checkpoint), "
-            "'float32', 'bfloat16' or 'float16'."
-        },
+    vllm_dtype: str = documented(
+        "auto",
+        "The dtype of the colocated vLLM engine (vllm_mode='colocate'): 'auto' is vLLM's choice, which runs a "
+        "float32 checkpoint in bfloat16, so its sampling log-probs differ from the trained policy's by the rounding "
+        "(IPO masks, clipping and importance ratios see it); 'float32' matches a float32 policy exactly (what the "
+        "CPU tests use); 'bfloat16'/'float16' pin the engine's precision. In server mode, pass --dtype to trl "
+        "vllm-serve.",
+        section="vLLM",
     )
 
     def __post_init__(self):
         self._resolve_precision()
         super().__post_init__()
-        get_loss(self.loss_type)  # an unknown loss_type fails here, naming the registered ones
-        if not 0.0 < self.ipo_threshold <= 1.0:
-            raise ValueError(
-                f"ipo_threshold={self.ipo_threshold} is not a probability difference: set it in (0, 1] "
-                "(the judge blog's runs use 0.3, prime-rl's default is 0.1; smaller is a tighter trust region)."
-            )
-        if not self.ipo_ratio_cap > 1.0:
-            raise ValueError(
-                f"ipo_ratio_cap={self.ipo_ratio_cap} would cap even unchanged tokens (ratio 1): set it > 1 "
-                "(default 8.0)."
-            )
-        if self.ipo_kl_tau < 0:
-            raise ValueError(f"ipo_kl_tau={self.ipo_kl_tau} must be >= 0 (0 disables the penalty).")
+        loss = get_loss(self.loss_type)  # an unknown loss_type fails here, naming the registered ones
+        self.loss_kwargs = _parse_loss_kwargs(self.loss_kwargs)
+        get_loss("ipo").settings_for(self)  # the ipo_<name> fields are this config's: checked whatever the loss
         if self.prefix_sharing not in PREFIX_SHARING_MODES:
             raise ValueError(
                 f"prefix_sharing={self.prefix_sharing!r}: use 'auto' (pack rows that share a prefix where the model "
@@ -143,17 +109,7 @@ class ExtGRPOConfig(GRPOConfig):
             raise ValueError(f"max_prompt_length={self.max_prompt_length} must be >= 1 (None: the model's positions).")
         if self.vllm_dtype not in VLLM_DTYPES:
             raise ValueError(f"vllm_dtype={self.vllm_dtype!r}: use one of {list(VLLM_DTYPES)}.")
-        if self.loss_type == "ipo":
-            if self.importance_sampling_level != "token":
-                raise ValueError(
-                    "loss_type='ipo' masks single tokens: set importance_sampling_level='token' "
-                    f"(got {self.importance_sampling_level!r})."
-                )
-            if self.entropy_coef != 0.0 or self.use_adaptive_entropy:
-                raise ValueError(
-                    "loss_type='ipo' does not support TRL's entropy bonus: set entropy_coef=0.0 and "
-                    "use_adaptive_entropy=False, or use a TRL loss type."
-                )
+        loss.check_config(self)  # its settings (ipo_<name> fields or loss_kwargs) and what it needs of the config
 
     def _resolve_precision(self) -> None:
         """Train in float32 where bf16 cannot run, unless bf16/fp16 was asked for explicitly.
@@ -180,6 +136,20 @@ class ExtGRPOConfig(GRPOConfig):
                 "TPU device found, or a GPU older than Ampere): set bf16=False to train in float32 (leaving bf16 "
                 "unset does the same on such a machine), or run on a GPU with bf16 support."
             )
+
+
+def _parse_loss_kwargs(value: Any) -> dict | None:
+    """``loss_kwargs`` as a dict (a JSON string is parsed: the command line passes one), or None."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"loss_kwargs={value!r} is not JSON: pass a dict or e.g. '{{\"scale\": 2.0}}' ({error})."
+            ) from None
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"loss_kwargs={value!r} must be a dict of the loss's settings, e.g. {{'scale': 2.0}}.")
+    return value
 
 
 def bf16_accelerator_available() -> bool:
