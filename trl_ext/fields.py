@@ -1,8 +1,8 @@
 """Config fields documented once: each field's help text (its ``metadata["help"]``) is its one doc.
 
 - `mirror_field`: a field that mirrors a field of a settings dataclass (a trainer config's ``repl_<name>`` fields
-  mirror `SandboxLimits`, its scaffold fields `RLMScaffoldConfig`), so that the setting's default and help text live
-  in the settings class.
+  mirror `SandboxLimits`, its scaffold fields `RLMScaffoldConfig`, its ``judge_<name>`` endpoint fields
+  `EndpointSettings`), so that the setting's default and help text live in the settings class.
 - `documented`: a field with its help text (and the section it is listed under).
 - `document_fields`: a class decorator that writes the ``Parameters:`` section of a config's docstring from those
   help texts (the Hugging Face docstring layout), so the docstring and ``--help`` never disagree.
@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import textwrap
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import MISSING, field, fields
 from typing import Any
 
@@ -18,35 +20,67 @@ __all__ = ["document_fields", "documented", "mirror_field"]
 _SAME = object()
 
 
+class FieldDoc(Mapping):
+    """A field's metadata: ``{"help": text}`` as TRL's and transformers' argument parsers read it, plus the
+    ``section`` it is listed under in the docstring.
+
+    `transformers.HfArgumentParser` passes every metadata key it iterates to ``argparse.add_argument``, which
+    refuses unknown keywords; so the section is readable (``metadata.get("section")``) but never iterated.
+    """
+
+    def __init__(self, help: str, section: str | None = None):
+        self.help, self.section = help, section
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "help":
+            return self.help
+        if key == "section" and self.section is not None:
+            return self.section
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("help",))
+
+    def __len__(self) -> int:
+        return 1
+
+    def copy(self) -> dict[str, Any]:
+        """What the argument parsers take (``field.metadata.copy()``): the help text only."""
+        return {"help": self.help}
+
+
 def documented(default: Any = MISSING, help: str = "", *, section: str | None = None, **kwargs: Any) -> Any:
     """A `dataclasses.field` whose one doc is ``help`` (``--help`` and the docstring's ``Parameters:`` section);
     ``section`` names the heading it is listed under; other keywords go to `dataclasses.field`."""
-    metadata = {"help": help}
-    if section:
-        metadata["section"] = section
     if default is not MISSING:
         kwargs["default"] = default
-    return field(metadata=metadata, **kwargs)
+    return field(metadata=FieldDoc(help, section), **kwargs)
 
 
 def mirror_field(
-    source: type, name: str, label: str, *, default: Any = _SAME, note: str = "", section: str | None = None
+    source: type,
+    name: str,
+    label: str,
+    *,
+    default: Any = _SAME,
+    default_factory: Callable[[], Any] | None = None,
+    note: str = "",
+    section: str | None = None,
 ) -> Any:
-    """A `dataclasses.field` with the default of ``source``'s field ``name`` (or ``default``) and its help text,
-    prefixed with ``label`` (``"REPL sandbox: ..."``) and followed by ``note`` when given."""
+    """A `dataclasses.field` with the default of ``source``'s field ``name`` (or ``default``, or
+    ``default_factory`` for a mutable one) and its help text, prefixed with ``label`` (``"REPL sandbox: ..."``)
+    and followed by ``note`` when given."""
     setting = source.__dataclass_fields__[name]
-    if default is _SAME:
+    help_text = f"{label}: {setting.metadata['help']}" + (f" {note}" if note else "")
+    if default_factory is None and default is _SAME:
         if setting.default is not MISSING:
             default = setting.default
         elif setting.default_factory is not MISSING:
-            return documented(
-                help=f"{label}: {setting.metadata['help']}" + (f" {note}" if note else ""),
-                section=section,
-                default_factory=setting.default_factory,
-            )
+            default_factory = setting.default_factory
         else:
-            raise TypeError(f"{source.__name__}.{name} has no plain default; pass default= to mirror it.")
-    help_text = f"{label}: {setting.metadata['help']}" + (f" {note}" if note else "")
+            raise TypeError(f"{source.__name__}.{name} has no default; pass default= to mirror it.")
+    if default_factory is not None:
+        return documented(help=help_text, section=section, default_factory=default_factory)
     return documented(default, help_text, section=section)
 
 
@@ -62,16 +96,15 @@ def document_fields(cls: type) -> type:
             raise TypeError(f"{cls.__name__}.{item.name} has no help text: declare it with documented(...).")
         if item.metadata.get("section") and item.metadata["section"] != section:
             section = item.metadata["section"]
-            lines += [f"        > {section}", ""]
-        if item.default is not MISSING:
-            default = f"defaults to `{item.default!r}`"
-        elif item.default_factory is not MISSING:
-            default = f"defaults to `{item.default_factory()!r}`"
+            lines += ([""] if len(lines) > 2 else []) + [f"        > {section}", ""]
+        if item.default is not MISSING or item.default_factory is not MISSING:
+            value = repr(item.default if item.default is not MISSING else item.default_factory())
+            default = f"*optional*, defaults to `{value if len(value) <= 60 else value[:57] + '...'}`"
         else:
             default = "required"
         kind = item.type if isinstance(item.type, str) else getattr(item.type, "__name__", str(item.type))
-        lines.append(f"        {item.name} (`{kind}`, *optional*, {default}):")
-        lines.append(f"            {help_text}")
+        lines.append(f"        {item.name} (`{kind}`, {default}):")
+        lines += textwrap.wrap(help_text, width=120, initial_indent=" " * 12, subsequent_indent=" " * 12)
     if own:
         cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n" + "\n".join(lines) + "\n"
     return cls

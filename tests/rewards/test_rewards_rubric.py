@@ -80,11 +80,6 @@ def test_config_rejects_bad_values(kwargs, message):
         RubricJudgeConfig(**kwargs)
 
 
-def test_the_removed_backoff_settings_are_an_error_that_says_why():
-    with pytest.raises(TypeError, match="backoff_initial, backoff_max.*openai SDK's exponential backoff"):
-        RubricJudgeReward(model="judge", backoff_initial=0.5, backoff_max=4.0)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Against the local server
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Token-span LLM-judge credit: markers, span validation, credit and λ cap, the judge and its client.
 
 The folder reads in pipeline order: `markers` (what the judge sees) → `judge` with `prompts` and `tools` (the
-conversation, over `client`) → `spans` (what it said, validated) → `credit` (what it is worth) → `audit` (what was
+conversation, over `client`, whose endpoint settings are `endpoint`) → `spans` (what it said, validated) → `credit` (what it is worth) → `audit` (what was
 recorded). The trainer that wires it into GRPO is `trl_ext.trainers.judge_credit.JudgeCreditTrainer`; the method
 and its settings are described in docs/judge_credit.md.
 """
@@ -17,6 +17,7 @@ from .client import (
     ParsedReply,
 )
 from .credit import DEFAULT_LABEL_SCORES, cap_credit, judge_share, per_token_advantages, span_credit
+from .endpoint import EndpointSettings
 from .judge import JudgeRequest, JudgeVerdict, SpanJudge, extract_final_answer
 from .markers import MarkedTrace, build_marked_trace, format_marker, insert_markers, strip_markers
 from .spans import (
@@ -38,6 +39,7 @@ __all__ = [
     "AsyncChatClient",
     "BackgroundEventLoop",
     "ChatCallError",
+    "EndpointSettings",
     "ChatClientStats",
     "ChatResult",
     "DroppedSpan",

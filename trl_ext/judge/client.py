@@ -8,15 +8,16 @@
   attempt on the wire, not during the SDK's backoff);
 - **a per-attempt deadline** (``timeout`` seconds, wall clock, including a server that accepts and never answers);
 - **counters** (`ChatClientStats`): every attempt, the SDK's retries among them, timeouts, 429s and 5xx are counted
-  where they happen, in the SDK's HTTP client (`_MeteredHttpClient`);
+  where they happen, in the SDK's HTTP client (`OpenAIEndpoint`'s);
 - **structured output with fallback**: in ``structured_output="auto"`` a ``response_format`` the endpoint rejects
   (HTTP 400/422) is dropped for the rest of the client's life and the request is re-sent without it;
 - **asking again for a usable reply** (`AsyncChatClient.chat_parsed`), which no HTTP client can do: a reply that
   arrives but cannot be parsed is followed by a repair request; both LLM judges go through it;
-- the API key read from an environment variable named in the config and never logged or shown in ``repr``.
+- the API key read from an environment variable named in the settings and never logged or shown in ``repr``.
 
-The HTTP part (one SDK client per event loop, its retries, the concurrency bound, the deadline, the counters) is
-`OpenAIEndpoint`, which the served RLMT reward model (`trl_ext.rewards.rlmt.ServedRewardModelScorer`) uses too.
+Its settings are `trl_ext.judge.endpoint.EndpointSettings`; the HTTP part (one SDK client per event loop, its
+retries, the concurrency bound, the deadline, the counters) is `trl_ext.judge.endpoint.OpenAIEndpoint`, which the
+served RLMT reward model (`trl_ext.rewards.rlmt.ServedRewardModelScorer`) uses too.
 
 After the SDK's retries `chat` raises `ChatCallError`; callers decide what a failure means (the span judge gives the
 rollout zero credit). `BackgroundEventLoop` runs coroutines from synchronous code (a trainer) on a daemon thread.
@@ -26,42 +27,24 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextvars
-import importlib
 import logging
-import os
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any, Generic, TypeVar
 
 import openai
+
+from .endpoint import EndpointSettings, OpenAIEndpoint
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-STRUCTURED_OUTPUT_MODES = ("auto", "on", "off")
-
 # What asking a judge can end in: the status of a `ParsedReply`, and of every judge verdict built from one.
 REPLY_STATUSES = ("ok", "unparseable", "failed")
-
-# Settings of the hand-written backoff that the SDK's retries replaced. The SDK has no equivalent knobs, so a value
-# would be silently ignored: passing one is an error that says so.
-REMOVED_RETRY_OPTIONS = ("backoff_initial", "backoff_max", "seed")
-
-
-def reject_removed_retry_options(options: Mapping[str, Any], owner: str) -> None:
-    """Raise a `TypeError` naming the removed backoff settings found in ``options`` (see `REMOVED_RETRY_OPTIONS`)."""
-    removed = [name for name in REMOVED_RETRY_OPTIONS if name in options]
-    if removed:
-        raise TypeError(
-            f"{owner} got {', '.join(removed)}, which no longer exist: retries use the openai SDK's exponential "
-            "backoff with jitter (honouring Retry-After), which has no such settings. Remove them; max_retries and "
-            "timeout still apply."
-        )
 
 
 class ChatCallError(RuntimeError):
@@ -167,218 +150,29 @@ class ChatClientStats:
     structured_fallbacks: int = 0
 
 
-@dataclass
-class _Call:
-    """HTTP attempts of one `AsyncChatClient.chat` call (all of them, and those of the SDK call now running)."""
-
-    attempts: int = 0
-    sdk_attempts: int = 0
-
-
-_CURRENT_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("trl_ext_chat_call", default=None)
-
-
-def _httpx_module() -> Any:
-    """The httpx package the installed openai SDK is built on (``httpx``, or ``httpx2`` in later SDKs)."""
-    base = next(cls for cls in openai.DefaultAsyncHttpxClient.__mro__ if cls.__name__ == "AsyncClient")
-    return importlib.import_module(base.__module__.partition(".")[0])
-
-
-_httpx = _httpx_module()
-
-
-class _MeteredHttpClient(openai.DefaultAsyncHttpxClient):
-    """The SDK's own HTTP client, with every attempt it sends (the first and each retry) going through one
-    concurrency slot, under a wall-clock deadline, and counted. The SDK calls `send` once per attempt, so this is
-    where the retries it makes can be seen."""
-
-    def __init__(self, *, slots: int, deadline: float, count: Callable[..., None], **kwargs: Any):
-        super().__init__(**kwargs)
-        self.semaphore = asyncio.Semaphore(slots)
-        self.deadline = deadline
-        self.count = count  # adds to the owner's counters: count(requests=1, timeouts=1, ...)
-        self.in_flight = 0
-        self.peak_in_flight = 0
-
-    async def send(self, request: Any, **kwargs: Any) -> Any:
-        call = _CURRENT_CALL.get()
-        if call is not None:
-            self.count(requests=1, retries=int(call.sdk_attempts > 0))
-            call.attempts += 1
-            call.sdk_attempts += 1
-        else:
-            self.count(requests=1)
-        async with self.semaphore:
-            self.in_flight += 1
-            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-            try:
-                response = await asyncio.wait_for(super().send(request, **kwargs), self.deadline)
-            except asyncio.TimeoutError as error:  # the SDK retries the timeout like its own
-                self.count(timeouts=1)
-                raise _httpx.TimeoutException(f"no reply within {self.deadline:g} s", request=request) from error
-            except _httpx.TimeoutException:
-                self.count(timeouts=1)
-                raise
-            finally:
-                self.in_flight -= 1
-        if response.status_code == 429:
-            self.count(rate_limited=1)
-        elif response.status_code >= 500:
-            self.count(server_errors=1)
-        return response
-
-
-@dataclass
-class _LoopResources:
-    client: openai.AsyncOpenAI
-    http: _MeteredHttpClient
-    closer: Any = None  # an async generator whose `finally` closes `client` when the loop shuts down
-
-
-class OpenAIEndpoint:
-    """An OpenAI-compatible server, for coroutines on any event loop: the HTTP plumbing every trl-ext client shares.
-
-    Each event loop gets its own `openai.AsyncOpenAI` (an HTTP client cannot cross loops), closed when that loop
-    shuts down. The SDK retries (``max_retries``, its exponential backoff, ``Retry-After`` honoured); its HTTP client
-    (`_MeteredHttpClient`) holds every attempt to ``max_concurrency`` in flight per loop and to ``timeout`` seconds
-    of wall clock, and reports each attempt to ``count``.
-
-    Args:
-        base_url: the server root the SDK joins request paths to, e.g. ``"http://127.0.0.1:8000/v1"``.
-        api_key_env: environment variable holding the API key; unset (or ``None``): the placeholder ``"EMPTY"``,
-            which local servers accept. The key is never logged.
-        max_concurrency: HTTP requests in flight at once, per event loop.
-        timeout: seconds one attempt may take, wall clock.
-        max_retries: the SDK's retries after the first attempt (408/409/429/5xx, timeouts, connection errors).
-        count: called with counter increments (``requests``, ``retries``, ``timeouts``, ``rate_limited``,
-            ``server_errors``); ``None`` counts nothing.
-    """
-
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        api_key_env: str | None,
-        max_concurrency: int,
-        timeout: float,
-        max_retries: int,
-        count: Callable[..., None] | None = None,
-    ):
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url={base_url!r} must be an http(s) URL such as 'http://127.0.0.1:8000/v1'.")
-        if max_concurrency < 1:
-            raise ValueError(f"max_concurrency={max_concurrency} must be >= 1.")
-        if not timeout > 0:
-            raise ValueError(f"timeout={timeout} must be > 0 seconds.")
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise ValueError(f"max_retries={max_retries!r} must be an integer >= 0 (0 = no retry).")
-        self.base_url = base_url
-        self.api_key_env = api_key_env
-        self.max_concurrency = max_concurrency
-        self.timeout = float(timeout)
-        self.max_retries = max_retries
-        self._count = count or _count_nothing
-        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopResources] = (
-            weakref.WeakKeyDictionary()
-        )
-
-    @property
-    def peak_in_flight(self) -> int:
-        """Most HTTP requests ever in flight at once on any one event loop (checks the concurrency bound)."""
-        return max((r.http.peak_in_flight for r in list(self._per_loop.values())), default=0)
-
-    async def client(self) -> openai.AsyncOpenAI:
-        """The SDK client of the running event loop (made on first use)."""
-        loop = asyncio.get_running_loop()
-        resources = self._per_loop.get(loop)
-        if resources is None:
-            http = _MeteredHttpClient(slots=self.max_concurrency, deadline=self.timeout, count=self._count)
-            client = openai.AsyncOpenAI(
-                base_url=self.base_url,
-                api_key=self._api_key(),
-                max_retries=self.max_retries,
-                timeout=self.timeout + 1.0,  # the wall-clock deadline of `_MeteredHttpClient` is the binding one
-                http_client=http,
-            )
-            # `asyncio.run` (and `BackgroundEventLoop.close`) finalise the loop's async generators before closing it:
-            # this one closes the HTTP client there, instead of a garbage-collected client trying to on a dead loop.
-            closer = _close_on_shutdown(client)
-            await closer.__anext__()
-            resources = _LoopResources(client, http, closer)
-            self._per_loop[loop] = resources
-        return resources.client
-
-    async def aclose(self) -> None:
-        """Close the SDK client of the running event loop."""
-        resources = self._per_loop.pop(asyncio.get_running_loop(), None)
-        if resources is not None:
-            await resources.closer.aclose()
-
-    def _api_key(self) -> str:
-        key = os.environ.get(self.api_key_env) if self.api_key_env else None
-        if not key:
-            logger.debug("Env var %r is unset: sending a placeholder API key.", self.api_key_env)
-            return "EMPTY"
-        return key
-
-
-def _count_nothing(**increments: int) -> None:
-    pass
-
-
 class AsyncChatClient:
     """Robust async calls to one model behind an OpenAI-compatible ``/v1/chat/completions`` endpoint.
 
     Args:
-        base_url: endpoint root, e.g. ``"http://127.0.0.1:8000/v1"`` (vLLM) or ``"https://api.openai.com/v1"``.
-        model: model name sent with every request.
-        api_key_env: name of the environment variable holding the API key. When it is unset (or ``None``) the
-            placeholder ``"EMPTY"`` is sent, which local servers accept.
-        max_concurrency: HTTP requests in flight at once, per event loop.
-        timeout: seconds one attempt may take, wall clock.
-        max_retries: the SDK's retries after the first attempt (408/409/429/5xx, timeouts, connection errors).
-        structured_output: ``"auto"`` (send ``response_format`` when given, drop it if the endpoint rejects it),
-            ``"on"`` (always send; a rejection is an error) or ``"off"`` (never send).
-        request_params: extra parameters for every request (e.g. ``{"temperature": 0.0, "max_tokens": 2048}``).
-
-    The former ``backoff_initial``, ``backoff_max`` and ``seed`` are gone with the hand-written backoff (the SDK's
-    has no such settings); passing them raises a `TypeError` that says so.
+        base_url: the endpoint root, e.g. ``"http://127.0.0.1:8000/v1"``.
+        model: the model name sent with every request.
+        **settings: the other `EndpointSettings` fields (``api_key_env``, ``max_concurrency``, ``timeout``,
+            ``max_retries``, ``structured_output``, ``request_params``), each documented there, with its defaults.
+            `from_settings` builds a client from an `EndpointSettings`.
     """
 
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        *,
-        api_key_env: str | None = "OPENAI_API_KEY",
-        max_concurrency: int = 32,
-        timeout: float = 120.0,
-        max_retries: int = 3,
-        structured_output: str = "auto",
-        request_params: dict[str, Any] | None = None,
-        **removed: Any,
-    ):
-        reject_removed_retry_options(removed, type(self).__name__)
-        if removed:
-            raise TypeError(f"{type(self).__name__} got unexpected keyword arguments {sorted(removed)}.")
-        if not model:
-            raise ValueError("model must name the judge model served at base_url, e.g. 'Qwen/Qwen3-8B'.")
-        if structured_output not in STRUCTURED_OUTPUT_MODES:
-            raise ValueError(f"structured_output={structured_output!r} must be one of {STRUCTURED_OUTPUT_MODES}.")
-        self.endpoint = OpenAIEndpoint(
-            base_url,
-            api_key_env=api_key_env,
-            max_concurrency=max_concurrency,
-            timeout=timeout,
-            max_retries=max_retries,
-            count=self._count,
-        )
-        self.model = model
-        self.structured_output = structured_output
-        self.request_params = dict(request_params or {})
+    def __init__(self, base_url: str, model: str, **settings: Any):
+        self.settings = EndpointSettings(base_url, model, **settings)
+        self.endpoint = OpenAIEndpoint(self.settings, count=self._count)
+        self.request_params = dict(self.settings.request_params)
         self.stats = ChatClientStats()
-        self._structured_supported = structured_output != "off"
+        self._structured_supported = self.settings.structured_output != "off"
         self._stats_lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: EndpointSettings) -> AsyncChatClient:
+        """A client for the endpoint ``settings`` describe (e.g. `JudgeCreditConfig.judge_endpoint()`)."""
+        return cls(**asdict(settings))
 
     def __repr__(self) -> str:  # never shows the key
         return (
@@ -398,23 +192,31 @@ class AsyncChatClient:
 
     @property
     def base_url(self) -> str:
-        return self.endpoint.base_url
+        return self.settings.base_url
+
+    @property
+    def model(self) -> str:
+        return self.settings.model
 
     @property
     def api_key_env(self) -> str | None:
-        return self.endpoint.api_key_env
+        return self.settings.api_key_env
 
     @property
     def max_concurrency(self) -> int:
-        return self.endpoint.max_concurrency
+        return self.settings.max_concurrency
 
     @property
     def timeout(self) -> float:
-        return self.endpoint.timeout
+        return self.settings.timeout
 
     @property
     def max_retries(self) -> int:
-        return self.endpoint.max_retries
+        return self.settings.max_retries
+
+    @property
+    def structured_output(self) -> str:
+        return self.settings.structured_output
 
     def _count(self, **increments: int) -> None:
         with self._stats_lock:
@@ -444,9 +246,7 @@ class AsyncChatClient:
                 not a chat completion (``kind="bad_response"``).
         """
         started = time.perf_counter()
-        call = _Call()
-        token = _CURRENT_CALL.set(call)
-        try:
+        with self.endpoint.counting_attempts() as call:
             while True:
                 use_structured = response_format is not None and self._structured_supported
                 body: dict[str, Any] = {
@@ -480,8 +280,6 @@ class AsyncChatClient:
                 result.latency_s = time.perf_counter() - started
                 result.attempts, result.structured = call.attempts, use_structured
                 return result
-        finally:
-            _CURRENT_CALL.reset(token)
 
     async def chat_parsed(
         self,
@@ -589,7 +387,7 @@ class AsyncChatClient:
         timeout, a 5xx, or a 401/403 (the API key) are a problem. When the list comes back, ``models`` holds it.
         """
         client = openai.AsyncOpenAI(
-            base_url=self.base_url, api_key=self.endpoint._api_key(), max_retries=0, timeout=timeout
+            base_url=self.base_url, api_key=self.endpoint.api_key(), max_retries=0, timeout=timeout
         )
         try:
             page = await asyncio.wait_for(client.models.list(), timeout + 1.0)
@@ -706,10 +504,3 @@ def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> Non
         except Exception as error:  # best effort at shutdown
             logger.debug("Could not finalise the judge loop's async generators: %r", error)
         loop.close()
-
-
-async def _close_on_shutdown(client: openai.AsyncOpenAI) -> AsyncIterator[None]:
-    try:
-        yield
-    finally:
-        await client.close()

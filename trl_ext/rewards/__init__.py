@@ -5,7 +5,8 @@ list[float | None]`` (the rubric judge and the served reward model are async; TR
 loop), has a ``__name__`` for TRL's metric names, and accepts standard (string) and conversational (message list)
 completions. So each plugs into `trl.GRPOTrainer` and `trl_ext.ExtGRPOTrainer` unchanged.
 
-- `rubric`: `RubricJudgeReward`, an OpenAI-compatible judge scoring precision/recall 1–10 (docs/rubric_judge.md).
+- `rubric`: `RubricJudgeReward`, an OpenAI-compatible judge scoring precision/recall 1–10 (docs/rubric_judge.md);
+  its settings in `rubric_config`, reading its replies in `rubric_parsing`.
 - `span_f1`: `char_span_f1` and `CharSpanF1Reward`, the verifiable baseline (docs/char_span_f1.md).
 - `rlmt`: the RLMT formats, `split_thinking`, `RewardModelScorer`, `ServedRewardModelScorer`, DPO pairs
   (docs/rlmt.md); every public name of `rlmt` is importable from here too.
@@ -15,16 +16,9 @@ completions. So each plugs into `trl.GRPOTrainer` and `trl_ext.ExtGRPOTrainer` u
 from . import rlmt
 from .metrics import metric_path
 from .rlmt import *  # noqa: F403 (every public RLMT name: `rlmt.__all__` is their one list)
-from .rubric import (
-    DEFAULT_RUBRIC,
-    RubricJudgeConfig,
-    RubricJudgeReward,
-    RubricJudgeStats,
-    RubricParseError,
-    RubricVerdict,
-    mean_score_fraction,
-    parse_rubric_scores,
-)
+from .rubric import RubricJudgeReward, RubricJudgeStats, RubricVerdict
+from .rubric_config import DEFAULT_RUBRIC, RubricJudgeConfig
+from .rubric_parsing import RubricParseError, mean_score_fraction, parse_rubric_scores
 from .span_f1 import (
     CharSpanF1Reward,
     SpanScores,

@@ -19,12 +19,16 @@ from typing import Any, Literal
 import openai
 import torch
 
-from ...judge.client import OpenAIEndpoint
+from ...judge.endpoint import EndpointSettings, OpenAIEndpoint
 from ...text import completion_text, prompt_messages
 from .formats import INSTRUCT_SYSTEM_PROMPT, ORIGINAL_PROMPT_COLUMN, Format, _check_format, original_prompt
 from .thinking import ThinkingSplit, split_thinking
 
 logger = logging.getLogger(__name__)
+
+# The `EndpointSettings` fields `ServedRewardModelScorer` takes, with its defaults: a local server without a key, and
+# fewer, shorter requests than a chat judge's (a /classify request is one forward pass).
+SERVED_ENDPOINT_DEFAULTS = {"api_key_env": None, "max_concurrency": 16, "timeout": 60.0, "max_retries": 3}
 
 
 @dataclass
@@ -300,10 +304,13 @@ class ServedRewardModelScorer(_ResponseOnlyScorer):
     and ``use_activation: false`` by default, so the score is the raw logit, as `RewardModelScorer` reads it. The
     response-only settings (``format``, ``strict``, ``malformed_reward``, ...) are `RewardModelScorer`'s.
 
-    Requests go through `trl_ext.judge.client.OpenAIEndpoint`, as the LLM judges' do: the openai SDK's retries
-    (``max_retries``, with backoff, on 408/409/429/5xx, timeouts and connection errors), ``timeout`` seconds per
-    attempt, at most ``max_concurrency`` attempts in flight. A request that still fails gives its completions
-    ``fallback_reward`` and is counted in ``stats.failed``; nothing is raised into training.
+    Requests go through `trl_ext.judge.endpoint.OpenAIEndpoint`, as the LLM judges' do. A request that still fails
+    after the retries gives its completions ``fallback_reward`` and is counted in ``stats.failed``; nothing is
+    raised into training.
+
+    Keyword arguments besides those named: the connection settings of `trl_ext.judge.endpoint.EndpointSettings`
+    (``api_key_env``, ``max_concurrency``, ``timeout``, ``max_retries``, documented there; this scorer's defaults are
+    `SERVED_ENDPOINT_DEFAULTS`) and the response-only settings of `RewardModelScorer` (``format``, ``strict``, ...).
     """
 
     def __init__(
@@ -317,15 +324,12 @@ class ServedRewardModelScorer(_ResponseOnlyScorer):
         use_activation: bool | None = False,
         label_index: int = 0,
         batch_size: int = 32,
-        max_concurrency: int = 16,
-        timeout: float = 60.0,
-        max_retries: int = 3,
-        api_key_env: str | None = None,
         fallback_reward: float | None = None,
         name: str = "served_reward_model",
-        **response_only: Any,
+        **options: Any,
     ):
-        super().__init__(name=name, **response_only)
+        endpoint = {key: options.pop(key) for key in SERVED_ENDPOINT_DEFAULTS if key in options}
+        super().__init__(name=name, **options)
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url={base_url!r} must be the server root, e.g. 'http://127.0.0.1:8000'.")
         if request_mode not in ("messages", "text"):
@@ -337,13 +341,8 @@ class ServedRewardModelScorer(_ResponseOnlyScorer):
             )
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1.")
-        self.endpoint = OpenAIEndpoint(
-            base_url,
-            api_key_env=api_key_env,
-            max_concurrency=max_concurrency,
-            timeout=timeout,
-            max_retries=max_retries,
-        )
+        self.settings = EndpointSettings(base_url, model, **(SERVED_ENDPOINT_DEFAULTS | endpoint))
+        self.endpoint = OpenAIEndpoint(self.settings)
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.path = "/" + path.lstrip("/")
