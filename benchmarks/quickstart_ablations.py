@@ -81,7 +81,7 @@ def worker(seed: int, arms: list[str], workdir: Path) -> None:
         record["arms"][arm] = {
             "after": dataclasses.asdict(result.after),
             "rl_s": time.perf_counter() - tick,
-            "masked_ratio_mean": result.masked_ratio_mean,
+            "masked_ratio_mean": result.trust_region_mean,
             "alerts": result.alerts,
         }
         (workdir / f"seed{seed}.json").write_text(json.dumps(record, indent=1))

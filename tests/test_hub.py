@@ -19,13 +19,13 @@ import pytest
 import yaml
 
 from trl_ext.hub import (
-    METHODS,
     PushError,
     build_model_card,
     collect_adapter_files,
     find_adapter_dir,
     push_adapter,
 )
+from trl_ext.methods import METHODS
 from trl_ext.run_info import (
     RUN_INFO_FILE,
     RunInfo,
@@ -147,14 +147,14 @@ def test_card_for_a_local_base_model_has_no_hub_metadata(run_dir, tmp_path):
 
 
 def test_card_reports_the_sandbox_and_a_legacy_recipe_run_file(run_dir, tmp_path):
-    """A run file as ``trl-ext train`` wrote it before the shared schema (method ``judge_credit``, ``recipe`` at
-    the top level) still gives a full card; the sandbox section lists what the REPLs were isolated from and what not."""
+    """A run file with a key the schema does not have (``recipe`` at the top level) still gives a full card; the
+    sandbox section lists what the REPLs were isolated from and what not."""
     import shutil
 
     local = tmp_path / "run"
     shutil.copytree(run_dir, local)
     sandbox = {"repl/isolation": "process", "isolated": ["environment (allow-list)"], "open": ["the network"]}
-    legacy = dict(RUN_INFO, method="judge_credit", recipe="recipes/judge.yaml", sandbox=sandbox, dataset="org/data")
+    legacy = dict(RUN_INFO, method="judge-credit", recipe="recipes/judge.yaml", sandbox=sandbox, dataset="org/data")
     (local / "trl_ext_run.json").write_text(json.dumps(legacy), encoding="utf-8")
     card = build_model_card(local, "someone/x")
     meta = yaml.safe_load(card.split("---")[1])
@@ -300,10 +300,10 @@ def test_push_failures_say_offline_unreachable_or_refused_token(run_dir, monkeyp
     assert not hub.commits
 
 
-def test_run_info_round_trip_and_normalisation(tmp_path):
+def test_run_info_round_trip_and_method_check(tmp_path):
     info = RunInfo(
         source="trl-ext train",
-        method="Stepwise_RLM",
+        method="stepwise-rlm",
         alerts={"kl_spike": 0, "clip_rate_low": 2},
         alert_log=[{"rule": "b", "step": 9}, {"rule": "a", "step": 3}],
         extra={"recipe": "r.yaml"},
@@ -318,6 +318,8 @@ def test_run_info_round_trip_and_normalisation(tmp_path):
     # Keys the schema does not have (older files) are kept in `extra`, never dropped.
     legacy = RunInfo.from_dict({"method": "rlmt", "settings": {"seed": 1}, "result": {"train_steps": 2}})
     assert legacy.source == "unknown" and legacy.extra == {"settings": {"seed": 1}, "result": {"train_steps": 2}}
+    with pytest.raises(ValueError, match="'stepwise_rlm' is not a trl-ext method; use one of stepwise-rlm, "):
+        RunInfo(source="x", method="stepwise_rlm")  # one spelling: the method's name
     (tmp_path / RUN_INFO_FILE).write_text("[1, 2]")
     with pytest.raises(ValueError, match="JSON object"):
         read_run_info(tmp_path)
@@ -347,8 +349,7 @@ def test_collect_monitor_alerts_and_last_metrics():
 
 
 def test_quickstart_writes_the_shared_schema(tmp_path):
-    from trl_ext.quickstart import QuickstartResult, QuickstartSettings
-    from trl_ext.quickstart import write_run_info as quickstart_write
+    from trl_ext.quickstart import QuickstartResult, QuickstartSettings, quickstart_run_info
 
     settings = QuickstartSettings.fast()
     result = QuickstartResult(
@@ -363,13 +364,14 @@ def test_quickstart_writes_the_shared_schema(tmp_path):
         reward_first=0.25,
         reward_last=0.5,
         train_rewards=[0.25, 0.5],
-        masked_ratio_mean=0.01,
-        masked_ratio_max=0.02,
+        trust_region_metric="ipo/masked_ratio",
+        trust_region_mean=0.01,
+        trust_region_max=0.02,
         alerts={"kl_spike": 1, "clip_rate_low": 0},
         alert_log=[{"monitor": "EntropyMonitor", "rule": "kl_spike", "step": 2, "value": 1.0, "action": "warn"}],
         extra={"base_model": "tiny (in memory)", "config": {"loss_type": "ipo"}, "task": "toy"},
     )
-    info = read_run_info(quickstart_write(tmp_path, result, settings))
+    info = read_run_info(write_run_info(tmp_path, quickstart_run_info(result, settings)))
     assert (info.source, info.method, info.trainer, info.steps) == ("trl-ext quickstart", "rlmt", "RLMTTrainer", 2)
     assert info.base_model == "tiny (in memory)" and info.dataset == "toy" and info.config == {"loss_type": "ipo"}
     assert info.metrics["train/reward_last"] == 0.5 and info.alerts == {"kl_spike": 1}

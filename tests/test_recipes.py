@@ -11,15 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trl_ext.recipes import (
-    REWARD_REGISTRY,
-    RecipeError,
-    TrainScriptArguments,
-    build_trainer,
-    parse_recipe,
-    read_trainer_name,
-    resolve_reward_funcs,
-)
+from trl_ext.recipe_inputs import REWARD_REGISTRY, resolve_reward_funcs
+from trl_ext.recipe_training import build_trainer
+from trl_ext.recipes import RecipeError, TrainScriptArguments, parse_recipe, read_trainer_name
 from trl_ext.rlm import sandbox
 
 from .fake_hub import TOKEN, FakeHub
@@ -412,7 +406,7 @@ def test_docs_offline_command_trains_one_step(argv, docs_cwd):
 def test_command_line_datasets_replace_the_recipes(tiny, tmp_path, monkeypatch):
     """TRL's `--datasets` (local files or Hub ids) and `--dataset_name` both replace the file's `datasets:`; a local
     data file is read with its builder (load_dataset("x.jsonl") would look for it on the Hub)."""
-    from trl_ext.recipes import load_recipe_datasets
+    from trl_ext.recipe_inputs import load_recipe_datasets
 
     monkeypatch.chdir(tiny)
     recipe_path = write_recipe(tmp_path / "r.yaml", **toy_stepwise_recipe(tiny, tmp_path / "out", push_to_hub=False))
@@ -440,7 +434,7 @@ def test_a_model_that_is_neither_a_folder_nor_on_the_hub_is_a_clear_error(tiny, 
     transformers' "couldn't connect" from inside the trainer; a path-like name or a file says what is wrong."""
     import huggingface_hub.constants
 
-    from trl_ext.recipes import check_model_source
+    from trl_ext.recipe_inputs import check_model_source
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
@@ -463,7 +457,7 @@ def test_a_model_that_is_neither_a_folder_nor_on_the_hub_is_a_clear_error(tiny, 
 def test_run_config_lists_the_recipes_choices_only(tiny, tmp_path):
     """`config` of the run file: the keys the recipe and its command line set that differ from the defaults, without
     bookkeeping (output_dir, logging, saving, reporting) or what the config derived (generation_batch_size)."""
-    from trl_ext.recipes import config_summary
+    from trl_ext.run_info import config_summary
 
     recipe = parse_recipe(
         write_recipe(tmp_path / "r.yaml", **toy_stepwise_recipe(tiny, tmp_path / "out", push_to_hub=False)),

@@ -8,16 +8,17 @@ trl-ext) train CONFIG.yaml``).
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import os
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from trl_ext import __version__
-from trl_ext.quickstart import METHODS  # standard library imports only: the CLI stays fast to start
+from trl_ext.methods import METHODS, QUICKSTART_METHODS  # standard library imports only: the CLI starts fast
 
 
 def _int_at_least(minimum: int):
@@ -39,6 +40,17 @@ _positive_int = _int_at_least(1)
 _seed = _int_at_least(0)
 
 
+def _add_command(
+    sub: argparse._SubParsersAction, name: str, run: Callable[[argparse.Namespace], int]
+) -> argparse.ArgumentParser:
+    """The subcommand ``name``, which ``run`` carries out; ``run``'s docstring is its help: the first line in
+    ``trl-ext --help``, the paragraph after it in ``trl-ext NAME --help``."""
+    summary, _, description = inspect.cleandoc(run.__doc__ or "").partition("\n\n")
+    parser = sub.add_parser(name, help=summary, description=description)
+    parser.set_defaults(func=run)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trl-ext",
@@ -47,20 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"trl-ext {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    quickstart = sub.add_parser(
-        "quickstart",
-        help="the whole method in miniature: offline, CPU, a tiny model, a few minutes",
-        description="Cold-start SFT on scripted teacher traces of a built-in toy task, then StepwiseRLMTrainer RL "
-        "(IPO loss, LoRA, default monitors), then the held-out reward before and after RL. Offline, on the CPU. "
-        "--method judge-credit / rlmt run those trainers in miniature instead.",
-    )
+    quickstart = _add_command(sub, "quickstart", _quickstart)
     quickstart.add_argument(
         "--output-dir", default="trl-ext-quickstart", help="where everything is written (default: %(default)s)"
     )
     quickstart.add_argument(
         "--method",
-        choices=METHODS,
-        default="stepwise-rlm",
+        choices=QUICKSTART_METHODS,
+        default=QUICKSTART_METHODS[0],
         help="stepwise-rlm (default: the full pipeline), judge-credit or rlmt (miniature runs)",
     )
     quickstart.add_argument("--fast", action="store_true", help="a scaled-down run for CI (well under a minute)")
@@ -70,31 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
     quickstart.add_argument("--seed", type=_seed, default=0, help="seeds data, model, SFT, RL and evaluation")
     quickstart.add_argument("--no-progress", action="store_true", help="no progress bars")
     quickstart.add_argument("--verbose", action="store_true", help="show the libraries' warnings and logs")
-    quickstart.set_defaults(func=_quickstart)
 
-    train = sub.add_parser(
-        "train",
-        help="train from a TRL-style YAML recipe (trainer: stepwise_rlm | judge_credit | rlmt | grpo)",
-        description="Train from a YAML recipe with TRL's conventions (trl.TrlParser): `trainer:` picks the config "
-        "and trainer classes, the other keys are fields of the config, trl.ModelConfig, the script arguments and "
-        "trl.DatasetMixtureConfig. Extra --key value pairs override the file. Runs under `accelerate launch -m "
-        "trl_ext.cli train CONFIG.yaml`.",
-    )
-    train.add_argument("config", metavar="CONFIG.yaml", help="the recipe (see recipes/)")
+    train = _add_command(sub, "train", _train)
+    trainers = ", ".join(method.recipe_name for method in METHODS.values())
+    train.add_argument("config", metavar="CONFIG.yaml", help=f"the recipe (see recipes/; trainer: {trainers})")
     overrides = train.add_argument(
         "overrides", nargs=argparse.REMAINDER, help="--key value pairs that override the recipe (optional)"
     )
     overrides.required = False  # argparse counts a REMAINDER positional as required: "CONFIG.yaml, overrides"
-    train.set_defaults(func=_train)
 
-    tiny = sub.add_parser(
-        "tiny-model",
-        help="write a tiny offline model and tokenizer to DIR, for --model_name_or_path DIR in dry runs",
-        description="Write a tiny randomly initialised Qwen2 model (~30k parameters) and its tokenizer with a ChatML "
-        "chat template to DIR, built offline (trl_ext.testing). Use it to try a recipe without the Hub or a GPU: "
-        "`trl-ext tiny-model tiny && trl-ext train RECIPE.yaml --model_name_or_path tiny ...` (docs/recipes.md). "
-        "It learns nothing useful: it checks that a setup runs.",
-    )
+    tiny = _add_command(sub, "tiny-model", _tiny_model)
     tiny.add_argument("directory", metavar="DIR", help="the folder to write (created; a tiny model there is replaced)")
     kind = tiny.add_mutually_exclusive_group()
     kind.add_argument(
@@ -104,15 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     kind.add_argument("--vllm", action="store_true", help="a model vLLM's CPU build loads (one 32-wide head)")
     tiny.add_argument("--seed", type=_seed, default=0, help="seeds the weights (default: %(default)s)")
-    tiny.set_defaults(func=_tiny_model)
 
-    push = sub.add_parser(
-        "push",
-        help="push a run's LoRA adapter (adapter files only) with a generated model card to the Hub",
-        description="Upload the LoRA adapter of OUTPUT_DIR (OUTPUT_DIR/adapter or OUTPUT_DIR) with its tokenizer "
-        "files, trl_ext_run.json, monitors.png and a generated README.md model card, in one commit. Never uploads "
-        "merged or full weights. Uses HF_TOKEN / `hf auth login` and HF_ENDPOINT.",
-    )
+    push = _add_command(sub, "push", _push)
     push.add_argument("output_dir", metavar="OUTPUT_DIR", help="the output directory of trl-ext quickstart or train")
     push.add_argument("repo_id", metavar="REPO_ID", help="the Hub repository, user/name or org/name")
     push.add_argument("--private", action="store_true", help="create the repository private")
@@ -124,17 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="license id for the card's metadata, e.g. apache-2.0 (usually the base model's; default: none written)",
     )
     push.add_argument("--dry-run", action="store_true", help="print the files and the model card, upload nothing")
-    push.set_defaults(func=_push)
 
-    plot = sub.add_parser(
-        "plot",
-        help="one PNG of a run's health (reward, clip rate, entropy, KL, monitor alerts) from its trainer_state.json",
-        description="Read OUTPUT_DIR/trainer_state.json (or the newest checkpoint-*/trainer_state.json) and draw "
-        "reward, clip rate / IPO masked ratio with the healthy band, entropy, KL, judge share and monitor alerts.",
-    )
+    plot = _add_command(sub, "plot", _plot)
     plot.add_argument("output_dir", metavar="OUTPUT_DIR", help="the run's output_dir (or a checkpoint folder)")
     plot.add_argument("--out", metavar="FILE", default=None, help="PNG to write (default: OUTPUT_DIR/monitors.png)")
-    plot.set_defaults(func=_plot)
     return parser
 
 
@@ -142,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
 # plot
 # ----------------------------------------------------------------------------------------------------------------
 def _plot(args: argparse.Namespace) -> int:
+    """one PNG of a run's health (reward, clip rate, entropy, KL, monitor alerts) from its trainer_state.json
+
+    Read OUTPUT_DIR/trainer_state.json (or the newest checkpoint-*/trainer_state.json) and draw reward, clip rate /
+    IPO masked ratio with the healthy band, entropy, KL, judge share and monitor alerts."""
     from trl_ext.callbacks.plotting import plot_run
 
     try:
@@ -169,6 +150,11 @@ def _quiet_libraries() -> None:
 
 
 def _quickstart(args: argparse.Namespace) -> int:
+    """the whole method in miniature: offline, CPU, a tiny model, a few minutes
+
+    Cold-start SFT on scripted teacher traces of a built-in toy task, then StepwiseRLMTrainer RL (IPO loss, LoRA,
+    default monitors), then the held-out reward before and after RL. Offline, on the CPU. --method judge-credit /
+    rlmt run those trainers in miniature instead."""
     from trl_ext.quickstart import QuickstartError, prepare_output_dir
 
     try:  # fail on an unusable output directory before the slow imports
@@ -283,8 +269,11 @@ def format_quickstart_report(result: Any, wall_time_s: float) -> str:
         f"  RL steps: {result.train_steps}; training reward per generation batch: "
         + (" ".join(f"{r:.2f}" for r in rewards) or "n/a")
     )
-    masked = "IPO masked ratio" if result.masked_ratio_mean is not None else "clip rate"
-    lines.append(f"  {masked}: mean {_pct(result.masked_ratio_mean)}, max {_pct(result.masked_ratio_max)}")
+    if result.trust_region_metric is not None:
+        from trl_ext.losses import trust_region_label
+
+        label = trust_region_label(result.trust_region_metric)
+        lines.append(f"  {label}: mean {_pct(result.trust_region_mean)}, max {_pct(result.trust_region_max)}")
     for key, label in (
         ("judge_share_mean", "judge share of the advantage"),
         ("judge_failure_ratio_mean", "judge failures"),
@@ -320,8 +309,14 @@ def format_quickstart_report(result: Any, wall_time_s: float) -> str:
 # train
 # ----------------------------------------------------------------------------------------------------------------
 def _train(args: argparse.Namespace) -> int:
+    """train from a TRL-style YAML recipe (`trainer:` picks the method)
+
+    Train from a YAML recipe with TRL's conventions (trl.TrlParser): `trainer:` picks the config and trainer classes,
+    the other keys are fields of the config, trl.ModelConfig, the script arguments and trl.DatasetMixtureConfig.
+    Extra --key value pairs override the file. Runs under `accelerate launch -m trl_ext.cli train CONFIG.yaml`."""
     from trl_ext.hub import HubUploadError
-    from trl_ext.recipes import RecipeError, parse_recipe, train_from_recipe
+    from trl_ext.recipe_training import train_from_recipe
+    from trl_ext.recipes import RecipeError, parse_recipe
 
     try:
         recipe = parse_recipe(args.config, args.overrides)
@@ -348,6 +343,12 @@ def _train(args: argparse.Namespace) -> int:
 # tiny-model
 # ----------------------------------------------------------------------------------------------------------------
 def _tiny_model(args: argparse.Namespace) -> int:
+    """write a tiny offline model and tokenizer to DIR, for --model_name_or_path DIR in dry runs
+
+    Write a tiny randomly initialised Qwen2 model (~30k parameters) and its tokenizer with a ChatML chat template to
+    DIR, built offline (trl_ext.testing). Use it to try a recipe without the Hub or a GPU: `trl-ext tiny-model tiny
+    && trl-ext train RECIPE.yaml --model_name_or_path tiny ...` (docs/recipes.md). It learns nothing useful: it
+    checks that a setup runs."""
     from pathlib import Path
 
     directory = Path(args.directory)
@@ -390,6 +391,11 @@ def _tiny_model(args: argparse.Namespace) -> int:
 # push
 # ----------------------------------------------------------------------------------------------------------------
 def _push(args: argparse.Namespace) -> int:
+    """push a run's LoRA adapter (adapter files only) with a generated model card to the Hub
+
+    Upload the LoRA adapter of OUTPUT_DIR (OUTPUT_DIR/adapter or OUTPUT_DIR) with its tokenizer files,
+    trl_ext_run.json, monitors.png and a generated README.md model card, in one commit. Never uploads merged or full
+    weights. Uses HF_TOKEN / `hf auth login` and HF_ENDPOINT."""
     from trl_ext.hub import HubUploadError, PushError, build_model_card, collect_adapter_files, push_adapter
 
     try:
@@ -398,14 +404,8 @@ def _push(args: argparse.Namespace) -> int:
             print("files:", ", ".join(sorted([*files.files, "README.md"])))
             print(build_model_card(args.output_dir, args.repo_id, files, license=args.license))
             return 0
-        info = push_adapter(
-            args.output_dir,
-            args.repo_id,
-            private=args.private,
-            revision=args.revision,
-            commit_message=args.commit_message,
-            license=args.license,
-        )
+        options = {name: getattr(args, name) for name in ("private", "revision", "commit_message", "license")}
+        info = push_adapter(args.output_dir, args.repo_id, **options)
     except HubUploadError as error:  # offline, unreachable, refused token, ...: one line saying which
         print(f"trl-ext push: error: {error}", file=sys.stderr)
         return 1

@@ -8,14 +8,14 @@ key                 value
 ==================  =============================================================================================
 ``schema_version``  ``1``
 ``source``          what wrote the file: ``"trl-ext train"``, ``"trl-ext quickstart"`` (or your own script's name)
-``method``          the trl-ext method: ``"stepwise-rlm"``, ``"judge-credit"``, ``"rlmt"`` or ``"grpo"``
-                    (``stepwise_rlm``-style spellings are normalised on read and write)
+``method``          the trl-ext method (`trl_ext.methods.METHODS`): ``"stepwise-rlm"``, ``"judge-credit"``,
+                    ``"rlmt"`` or ``"grpo"``
 ``trainer``         the trainer class name, e.g. ``"StepwiseRLMTrainer"``
 ``base_model``      the model the run started from: a Hub id, a local path, or a description
 ``dataset``         the training data: a Hub id, a list of data files/ids (mixtures), or a description
 ``reward_funcs``    names of the reward functions
 ``config``          the trainer config fields the run chose that differ from the class defaults (bookkeeping left
-                    out: `is_setting_choice`; `trl_ext.recipes.config_summary`)
+                    out: `is_setting_choice`; `config_summary`)
 ``peft``            LoRA settings (``r``, ``lora_alpha``, ``lora_dropout``, ``target_modules``), or null
 ``metrics``         the final value of each logged metric (``reward``, ``ipo/masked_ratio``, ``eval/...``)
 ``steps``           optimizer steps run
@@ -27,9 +27,11 @@ key                 value
                     `QuickstartResult`, with the before/after evaluations)
 ==================  =============================================================================================
 
-`write_run_info` writes it, `read_run_info` reads it back (keys it does not know, from older files, land in
-``extra``); `collect_monitor_alerts` gathers ``alerts``/``alert_log`` from a trainer's monitors and
-`last_logged_metrics` the ``metrics`` from its log history.
+`write_run_info` writes it (the one writer: ``trl-ext train`` and ``trl-ext quickstart`` each build a `RunInfo` and
+call it), `read_run_info` reads it back (keys it does not know land in ``extra``); `config_summary` gives
+``config``, `collect_monitor_alerts` gathers ``alerts``/``alert_log`` from a trainer's monitors and
+`last_logged_metrics` the ``metrics`` from its log history. ``PLOT_FILE`` (``monitors.png``) is the run's other
+summary file, drawn next to it and uploaded with it.
 """
 
 from __future__ import annotations
@@ -37,18 +39,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .jsonl import write_json_atomic
+from .methods import METHODS
 
 __all__ = [
+    "PLOT_FILE",
     "RUN_INFO_FILE",
     "RunInfo",
-    "canonical_method",
     "collect_monitor_alerts",
+    "config_summary",
     "is_setting_choice",
     "last_logged_metrics",
     "read_run_info",
@@ -56,6 +60,7 @@ __all__ = [
 ]
 
 RUN_INFO_FILE = "trl_ext_run.json"
+PLOT_FILE = "monitors.png"
 SCHEMA_VERSION = 1
 
 
@@ -91,6 +96,12 @@ _NOT_CHOICES = frozenset(
 _NOT_CHOICE_PREFIXES = ("logging_", "save_", "hub_", "dataloader_", "ddp_", "fsdp", "_")
 
 
+def trust_region_summary_key(metric: str) -> str:
+    """The run file's key for the mean of a loss's trust-region metric over training:
+    ``"ipo/masked_ratio"`` -> ``"train/ipo_masked_ratio_mean"``."""
+    return f"train/{metric.replace('/', '_')}_mean"
+
+
 def is_setting_choice(name: str) -> bool:
     """Whether the config field ``name`` is a choice about the training (learning rate, loss, group size, ...)
     rather than bookkeeping (output and logging folders, run name, saving, reporting, the Hub, tokens, endpoints,
@@ -103,11 +114,33 @@ def is_setting_choice(name: str) -> bool:
     )
 
 
-def canonical_method(name: str | None) -> str | None:
-    """``"stepwise_rlm"`` / ``"Stepwise-RLM"`` -> ``"stepwise-rlm"``: the method names of the run file and the card."""
-    if name is None:
-        return None
-    return str(name).strip().lower().replace("_", "-") or None
+def config_summary(config: Any, set_keys: Collection[str] | None = None) -> dict[str, Any]:
+    """The training choices of a trainer config: the fields that differ from the class defaults (JSON-safe), without
+    bookkeeping (`is_setting_choice`: folders, logging, saving, the Hub, endpoints, secrets, the machine, derived
+    values). With ``set_keys`` (the keys a recipe file and its command line set), only those: values the config
+    computed itself are not choices. ``loss_type`` is always kept. The ``config`` of the run file and the model
+    card."""
+    summary = {}
+    for item in dataclasses.fields(config):
+        if not is_setting_choice(item.name):
+            continue
+        if set_keys is not None and item.name not in set_keys and item.name != "loss_type":
+            continue
+        value = getattr(config, item.name)
+        if item.default is not dataclasses.MISSING:
+            default = item.default
+        elif item.default_factory is not dataclasses.MISSING:
+            default = item.default_factory()
+        else:
+            default = dataclasses.MISSING
+        if value == default and item.name != "loss_type":
+            continue
+        try:
+            json.dumps(value)
+        except TypeError:
+            value = str(value)
+        summary[item.name] = value
+    return summary
 
 
 @dataclass
@@ -150,7 +183,10 @@ class RunInfo:
     schema_version: int = field(default=SCHEMA_VERSION, metadata={"help": "Version of this schema."})
 
     def __post_init__(self) -> None:
-        self.method = canonical_method(self.method)
+        if self.method is not None and self.method not in METHODS:
+            raise ValueError(
+                f"RunInfo.method={self.method!r} is not a trl-ext method; use one of {', '.join(METHODS)} (or None)."
+            )
         self.alerts = {rule: int(count) for rule, count in sorted(self.alerts.items()) if count}
         self.alert_log = sorted(self.alert_log, key=lambda record: record.get("step") or 0)
 
@@ -163,8 +199,7 @@ class RunInfo:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunInfo:
-        """Read a run file's object; keys this schema does not have (older files: ``recipe``, ``settings``,
-        ``result``) are kept in ``extra``."""
+        """Read a run file's object; keys this schema does not have are kept in ``extra``."""
         if not isinstance(data, Mapping):
             raise ValueError(f"{RUN_INFO_FILE} must hold a JSON object, got {type(data).__name__}.")
         names = {item.name for item in dataclasses.fields(cls)}

@@ -1,5 +1,5 @@
-"""The judge-credit miniature's task, judge and reward (trl_ext.quickstart.judge_credit); its end-to-end run is in
-test_quickstart.py."""
+"""The judge-credit miniature's task, judge and reward (trl_ext.quickstart.copy_task) and settings
+(trl_ext.quickstart.judge_credit); its end-to-end run is in test_quickstart.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import pytest
 
 from trl_ext.judge.markers import build_marked_trace
 from trl_ext.judge.prompts import build_messages
-from trl_ext.quickstart.judge_credit import (
-    JudgeCreditSettings,
+from trl_ext.quickstart.copy_task import (
     ScriptedSpanJudge,
     copy_digit_accuracy_reward,
     copy_exact_match_reward,
@@ -18,6 +17,7 @@ from trl_ext.quickstart.judge_credit import (
     copy_task_splits,
     digit_accuracy,
 )
+from trl_ext.quickstart.judge_credit import JudgeCreditSettings
 from trl_ext.quickstart.settings import QuickstartSettings
 from trl_ext.testing import build_tiny_tokenizer
 

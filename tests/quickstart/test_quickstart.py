@@ -263,7 +263,7 @@ def test_fast_variants_run_and_report(method, tmp_path):
     assert result.method == method and result.train_steps == 2
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
     assert (tmp_path / "trl_ext_run.json").is_file() and (tmp_path / "monitors.png").is_file()
-    assert result.reward_first is not None and result.masked_ratio_mean is not None
+    assert result.reward_first is not None and result.trust_region_mean is not None
     if method == "judge-credit":
         assert result.extra["judge_requests"] > 0 and result.extra["judge_failure_ratio_mean"] == 0.0
         assert (tmp_path / "judge_audit.jsonl").is_file()

@@ -13,24 +13,24 @@ Demo code kept apart from the library: it uses ``trl_ext`` as a user would. ``ru
 
 The modules: `settings` (the knobs and the trainer configs they become), `runner` (the entry point and the output
 directory), `evaluation` (held-out evaluation), `training` (what every trainer run shares), `report` (the result and
-``trl_ext_run.json``), `toy_task`, and `scripted_server` (a scripted OpenAI-compatible chat server on 127.0.0.1 that
-plays the teacher and the judge here, and serves tests and benchmarks).
+``trl_ext_run.json``), `toy_task`, `copy_task` (the judge-credit miniature's task and judge), and `scripted_server`
+(a scripted OpenAI-compatible chat server on 127.0.0.1 that plays the teacher and the judge here, and serves tests
+and benchmarks).
 
 Nothing here prints: progress goes through ``log`` (the CLI passes ``print``) and tqdm bars (``progress=True``).
-Importing the package loads only the standard library (the CLI reads `METHODS` at start-up).
+Importing the package loads only the standard library; the methods it runs are `trl_ext.methods.QUICKSTART_METHODS`.
 """
 
+from .copy_task import ScriptedSpanJudge, last_number_reward
 from .evaluation import EvalResult, evaluate_policy, held_out_eval_set
-from .judge_credit import ScriptedSpanJudge, last_number_reward
-from .report import QuickstartResult, write_run_info
+from .report import QuickstartResult, quickstart_run_info
 from .runner import QuickstartError, prepare_output_dir, run_quickstart
-from .settings import METHODS, QuickstartSettings, toy_rl_config_kwargs, toy_scaffold_config
+from .settings import QuickstartSettings, toy_rl_config_kwargs, toy_scaffold_config
 from .stepwise import SFT_MODEL_DIR
 from .training import ADAPTER_DIR
 
 __all__ = [
     "ADAPTER_DIR",
-    "METHODS",
     "SFT_MODEL_DIR",
     "EvalResult",
     "QuickstartError",
@@ -41,8 +41,8 @@ __all__ = [
     "held_out_eval_set",
     "last_number_reward",
     "prepare_output_dir",
+    "quickstart_run_info",
     "run_quickstart",
     "toy_rl_config_kwargs",
     "toy_scaffold_config",
-    "write_run_info",
 ]

@@ -1,6 +1,6 @@
 """What a quickstart run produced (`QuickstartResult`) and what it leaves in the output directory about itself
-(``trl_ext_run.json``, `write_run_info`, read by ``trl-ext push``); `result_from_history` reads a result from a
-trainer's log history and monitors.
+(`quickstart_run_info`: its ``trl_ext_run.json``, read by ``trl-ext push``); `result_from_history` reads a result
+from a trainer's log history and monitors.
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from trl_ext.methods import METHODS
+from trl_ext.run_info import RunInfo, trust_region_summary_key
 
 from .evaluation import EvalResult
 from .settings import QuickstartSettings
@@ -32,8 +35,9 @@ class QuickstartResult:
     reward_first: float | None
     reward_last: float | None
     train_rewards: list[float]
-    masked_ratio_mean: float | None
-    masked_ratio_max: float | None
+    trust_region_metric: str | None  # the loss's trust-region metric found in the log (`trl_ext.losses`)
+    trust_region_mean: float | None
+    trust_region_max: float | None
     alerts: dict[str, int]
     alert_log: list[dict[str, Any]]
     before: EvalResult | None = None
@@ -48,22 +52,13 @@ class QuickstartResult:
         return data
 
 
-_METHOD_TRAINERS = {
-    "stepwise-rlm": "StepwiseRLMTrainer",
-    "judge-credit": "JudgeCreditTrainer",
-    "rlmt": "RLMTTrainer",
-}
-
-
-def write_run_info(output_dir: Path, result: QuickstartResult, settings: QuickstartSettings) -> Path:
-    """``trl_ext_run.json`` (`trl_ext.run_info.RunInfo`, read by ``trl-ext push``); ``extra`` holds the settings
-    (``settings``) and the whole `QuickstartResult` (``result``)."""
-    from trl_ext import run_info
-
-    info = run_info.RunInfo(
+def quickstart_run_info(result: QuickstartResult, settings: QuickstartSettings) -> RunInfo:
+    """The run file of a quickstart run (``trl_ext_run.json``, `trl_ext.run_info.RunInfo`, read by ``trl-ext push``);
+    ``extra`` holds the settings (``settings``) and the whole `QuickstartResult` (``result``)."""
+    return RunInfo(
         source="trl-ext quickstart",
         method=result.method,
-        trainer=_METHOD_TRAINERS[result.method],
+        trainer=METHODS[result.method].trainer,
         base_model=result.extra.get("base_model"),
         dataset=result.extra.get("task"),
         config=result.extra.get("config", {}),
@@ -74,7 +69,6 @@ def write_run_info(output_dir: Path, result: QuickstartResult, settings: Quickst
         sandbox=result.extra.get("sandbox"),
         extra={"settings": asdict(settings), "result": result.to_dict()},
     )
-    return run_info.write_run_info(output_dir, info)  # atomic: a failed write leaves no torn file
 
 
 def _final_metrics(result: QuickstartResult) -> dict[str, Any]:
@@ -87,8 +81,8 @@ def _final_metrics(result: QuickstartResult) -> dict[str, Any]:
         metrics["train/reward_first"] = round(result.reward_first, 4)
     if result.reward_last is not None:
         metrics["train/reward_last"] = round(result.reward_last, 4)
-    if result.masked_ratio_mean is not None:
-        metrics["train/ipo_masked_ratio_mean"] = round(result.masked_ratio_mean, 4)
+    if result.trust_region_metric is not None and result.trust_region_mean is not None:
+        metrics[trust_region_summary_key(result.trust_region_metric)] = round(result.trust_region_mean, 4)
     metrics["train/steps"] = result.train_steps
     return metrics
 
@@ -103,10 +97,14 @@ def result_from_history(
     adapter_dir: Path,
     plot_file: Path | None,
 ) -> QuickstartResult:
-    """A trained run's result from its trainer's log history (rewards, IPO masked ratios, steps) and its monitors'
+    """A trained run's result from its trainer's log history (rewards, the loss's trust-region metric, steps) and its monitors'
     alerts; the held-out evaluations and ``extra`` are the pipeline's to fill in."""
     rewards = [h["reward"] for h in history if isinstance(h.get("reward"), (int, float))]
-    masked = [h["ipo/masked_ratio"] for h in history if isinstance(h.get("ipo/masked_ratio"), (int, float))]
+    from trl_ext.losses import trust_region_metrics  # torch: loaded by the training that wrote ``history``
+
+    logged = [key for key in trust_region_metrics() if any(isinstance(h.get(key), (int, float)) for h in history)]
+    metric = logged[0] if logged else None
+    masked = [h[metric] for h in history if isinstance(h.get(metric), (int, float))] if metric else []
     alerts: Counter[str] = Counter()
     alert_log: list[dict[str, Any]] = []
     for monitor in monitors:
@@ -125,8 +123,9 @@ def result_from_history(
         reward_first=rewards[0] if rewards else None,
         reward_last=rewards[-1] if rewards else None,
         train_rewards=rewards,
-        masked_ratio_mean=statistics.fmean(masked) if masked else None,
-        masked_ratio_max=max(masked) if masked else None,
+        trust_region_metric=metric,
+        trust_region_mean=statistics.fmean(masked) if masked else None,
+        trust_region_max=max(masked) if masked else None,
         alerts=dict(sorted(alerts.items())),
         alert_log=sorted(alert_log, key=lambda record: record.get("step", 0)),
     )

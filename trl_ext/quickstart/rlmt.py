@@ -20,8 +20,8 @@ def run_rlmt(
     from datasets import Dataset
 
     from trl_ext.callbacks import default_monitors
-    from trl_ext.recipes import config_summary
     from trl_ext.rewards import RewardModelScorer
+    from trl_ext.run_info import config_summary
     from trl_ext.testing import build_tiny_model_and_tokenizer, build_tiny_reward_model
     from trl_ext.trainers import RLMTConfig, RLMTTrainer
 

@@ -11,15 +11,18 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from trl_ext.methods import QUICKSTART_METHODS
+from trl_ext.run_info import write_run_info
+
 from .judge_credit import run_judge_credit
-from .report import QuickstartResult, write_run_info
+from .report import QuickstartResult, quickstart_run_info
 from .rlmt import run_rlmt
-from .settings import METHODS, QuickstartSettings
+from .settings import QuickstartSettings
 from .stepwise import run_stepwise
 
 logger = logging.getLogger(__name__)
 
-# method -> its pipeline: (output dir, settings, fast, progress, log) -> the run's result
+# method (one per `QUICKSTART_METHODS` entry) -> its pipeline: (output dir, settings, fast, progress, log) -> result
 _PIPELINES: dict[str, Callable[[Path, QuickstartSettings, bool, bool, Callable[[str], None]], QuickstartResult]] = {
     "stepwise-rlm": run_stepwise,
     "judge-credit": run_judge_credit,
@@ -52,8 +55,8 @@ def run_quickstart(
         progress: show tqdm progress bars.
         log: receives one line per stage (default: the module logger at INFO).
     """
-    if method not in METHODS:
-        raise ValueError(f"method={method!r}: choose one of {', '.join(METHODS)}.")
+    if method not in QUICKSTART_METHODS:
+        raise ValueError(f"method={method!r}: choose one of {', '.join(QUICKSTART_METHODS)}.")
     if settings is None:
         settings = QuickstartSettings.fast(seed) if fast else QuickstartSettings.default(seed)
     settings.validate()
@@ -65,7 +68,7 @@ def run_quickstart(
     with _library_progress_bars(progress):
         result = _PIPELINES[method](output, settings, fast, progress, say)
     result.wall_time_s = time.perf_counter() - started
-    write_run_info(output, result, settings)
+    write_run_info(output, quickstart_run_info(result, settings))  # atomic: a failed write leaves no torn file
     return result
 
 

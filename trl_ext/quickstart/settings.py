@@ -3,20 +3,33 @@
 `toy_scaffold_config` and `toy_rl_config_kwargs` are the toy task's RLM scaffold and `StepwiseRLMConfig` arguments;
 `cpu_run_kwargs` the fields every quickstart trainer shares (the CPU, no tracker, no checkpoints);
 `miniature_run_kwargs` and `MINIATURE_LORA` the judge-credit and RLMT miniatures' settings. Only the standard library
-is imported at module level: the CLI reads `METHODS` from here before any heavy import.
+is imported at module level.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
-METHODS = ("stepwise-rlm", "judge-credit", "rlmt")
+
+class ScaledSettings:
+    """`default` and `fast` of a quickstart's frozen settings dataclass (a ``seed`` field): `fast`, for CI, changes the
+    fields in ``FAST``."""
+
+    FAST: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def default(cls, seed: int = 0) -> Self:
+        return cls(seed=seed)
+
+    @classmethod
+    def fast(cls, seed: int = 0) -> Self:
+        return cls(seed=seed, **cls.FAST)
 
 
 @dataclass(frozen=True)
-class QuickstartSettings:
+class QuickstartSettings(ScaledSettings):
     """Every knob of a quickstart run. `default` is what the README's numbers come from; `fast` is for CI.
 
     Data: ``num_sft_examples`` held out for cold-start SFT (a few dozen: docs/cold_start.md), ``num_rl_examples``
@@ -64,23 +77,16 @@ class QuickstartSettings:
     loss_type: str = "ipo"
     rlm_loss_normalization: str = "subtree"
 
-    @classmethod
-    def default(cls, seed: int = 0) -> QuickstartSettings:
-        return cls(seed=seed)
-
-    @classmethod
-    def fast(cls, seed: int = 0) -> QuickstartSettings:
-        """Every stage, scaled down to well under a minute on two cores (for CI; it does not learn visibly)."""
-        return cls(
-            seed=seed,
-            num_sft_examples=16,
-            num_eval_examples=8,
-            eval_samples=2,
-            sft_epochs=4.0,
-            rl_steps=4,
-            prompts_per_step=2,
-            num_generations=4,
-        )
+    # `fast`: every stage, scaled down to well under a minute on two cores (for CI; it does not learn visibly)
+    FAST: ClassVar[dict[str, Any]] = {
+        "num_sft_examples": 16,
+        "num_eval_examples": 8,
+        "eval_samples": 2,
+        "sft_epochs": 4.0,
+        "rl_steps": 4,
+        "prompts_per_step": 2,
+        "num_generations": 4,
+    }
 
     def validate(self) -> None:
         check_counts(
@@ -154,41 +160,42 @@ def toy_rl_config_kwargs(settings: QuickstartSettings, output: Path, progress: b
 
     from .toy_task import TOY_OUTPUT_CHARS
 
-    return dict(
+    # one optimizer step per pass over the generation batch (split into rl_micro_batches accumulated micro-batches),
+    # num_iterations passes per generation: the later ones are off-policy (IPO acts)
+    micro_batch = settings.prompts_per_step * settings.num_generations // settings.rl_micro_batches
+    return {
         **cpu_run_kwargs(output, settings.seed, progress),
-        activation_checkpointing=False,  # a tiny model on the CPU: recomputing activations only costs time
-        loss_type=settings.loss_type,
-        rlm_loss_normalization=settings.rlm_loss_normalization,
-        learning_rate=settings.rl_learning_rate,
-        lr_scheduler_type="constant",
-        beta=settings.rl_beta,  # KL to the SFT policy (the adapter disabled): keeps the programs intact
-        max_steps=settings.rl_steps,
-        # one optimizer step per pass over the generation batch (split into rl_micro_batches accumulated
-        # micro-batches), num_iterations passes per generation: the later ones are off-policy (IPO acts)
-        per_device_train_batch_size=settings.prompts_per_step * settings.num_generations // settings.rl_micro_batches,
-        gradient_accumulation_steps=settings.rl_micro_batches,
-        num_generations=settings.num_generations,
-        num_iterations=settings.num_iterations,
-        max_completion_length=settings.max_completion_length,
-        temperature=settings.temperature,
-        repl_max_output_chars=TOY_OUTPUT_CHARS,
+        "activation_checkpointing": False,  # a tiny model on the CPU: recomputing activations only costs time
+        "loss_type": settings.loss_type,
+        "rlm_loss_normalization": settings.rlm_loss_normalization,
+        "learning_rate": settings.rl_learning_rate,
+        "lr_scheduler_type": "constant",
+        "beta": settings.rl_beta,  # KL to the SFT policy (the adapter disabled): keeps the programs intact
+        "max_steps": settings.rl_steps,
+        "per_device_train_batch_size": micro_batch,
+        "gradient_accumulation_steps": settings.rl_micro_batches,
+        "num_generations": settings.num_generations,
+        "num_iterations": settings.num_iterations,
+        "max_completion_length": settings.max_completion_length,
+        "temperature": settings.temperature,
+        "repl_max_output_chars": TOY_OUTPUT_CHARS,
         **ScaffoldArguments.arguments_for(**_toy_scaffold(settings)),
-    )
+    }
 
 
 def cpu_run_kwargs(output: Path, seed: int, progress: bool) -> dict[str, Any]:
     """Config fields every quickstart trainer shares: the CPU, no tracker, ``seed``, a log line per step, no
     checkpoints (the adapter is saved at the end), bars only with ``progress``."""
-    return dict(
-        output_dir=str(output),
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        seed=seed,
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=not progress,
-    )
+    return {
+        "output_dir": str(output),
+        "use_cpu": True,
+        "bf16": False,
+        "report_to": "none",
+        "seed": seed,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "disable_tqdm": not progress,
+    }
 
 
 MINIATURE_LORA = {"r": 8, "lora_alpha": 16, "target_modules": "all-linear"}
@@ -197,11 +204,11 @@ MINIATURE_LORA = {"r": 8, "lora_alpha": 16, "target_modules": "all-linear"}
 def miniature_run_kwargs(output: Path, settings: QuickstartSettings, fast: bool, progress: bool) -> dict[str, Any]:
     """The judge-credit and RLMT miniatures' shared settings: at most 8 steps (2 with ``fast``), 2 prompts x 4
     completions per step, each batch used twice."""
-    return dict(
+    return {
         **cpu_run_kwargs(output, settings.seed, progress),
-        max_steps=min(2 if fast else settings.rl_steps, 8),
-        learning_rate=5e-3,
-        per_device_train_batch_size=8,
-        num_generations=4,
-        num_iterations=2,
-    )
+        "max_steps": min(2 if fast else settings.rl_steps, 8),
+        "learning_rate": 5e-3,
+        "per_device_train_batch_size": 8,
+        "num_generations": 4,
+        "num_iterations": 2,
+    }

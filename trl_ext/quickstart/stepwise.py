@@ -155,7 +155,7 @@ def reinforce(
     from peft import LoraConfig
 
     from trl_ext.callbacks import default_monitors
-    from trl_ext.recipes import config_summary
+    from trl_ext.run_info import config_summary
     from trl_ext.trainers import StepwiseRLMConfig, StepwiseRLMTrainer
 
     from .toy_task import parts_reward

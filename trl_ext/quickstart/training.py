@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trl_ext.hub import PLOT_FILE
+from trl_ext.run_info import PLOT_FILE
 
 from .report import QuickstartResult, result_from_history
 from .settings import MINIATURE_LORA, QuickstartSettings
