@@ -235,7 +235,7 @@ def _trainer_view(output_dir: Path) -> SimpleNamespace:
     """What `StepwiseRLMTrainer._save_trees` reads of its trainer."""
     return SimpleNamespace(
         args=SimpleNamespace(output_dir=str(output_dir)),
-        model=SimpleNamespace(training=True),
+        mode="train",
         state=SimpleNamespace(global_step=3),
         accelerator=SimpleNamespace(process_index=0),
         processing_class=None,

@@ -8,7 +8,17 @@ import numpy as np
 import pytest
 import torch
 
-from trl_ext.packing import PackedBatch, group_micro_batches, pack_rows, rows_from_padded, tree_mask
+from trl_ext.packing import (
+    MAX_PACKED_TOKEN_RATIO,
+    MIN_SAVED_TOKENS,
+    PackedBatch,
+    group_micro_batches,
+    pack_rows,
+    packing_obstacle,
+    rows_from_padded,
+    tree_mask,
+    worth_packing,
+)
 
 
 def visible(row) -> torch.Tensor:
@@ -128,12 +138,25 @@ def test_group_micro_batches_keeps_groups_together_and_every_row():
         }
         for i in range(4)
     ]
-    arranged = group_micro_batches(micro)
+    arranged = group_micro_batches(micro, generator=torch.Generator().manual_seed(0))
     assert len(arranged) == 4 and all(len(batch["row"]) == 4 for batch in arranged)
     assert sorted(torch.cat([b["row"] for b in arranged]).tolist()) == list(range(16))
     assert all(len(set(batch["prefix_group"].tolist())) == 1 for batch in arranged)
     assert all(batch["n"].item() == 9 for batch in arranged)
-    assert np.array_equal(group_micro_batches(micro[:1])[0]["row"], micro[0]["row"])
+    assert np.array_equal(group_micro_batches(micro[:1], generator=torch.Generator())[0]["row"], micro[0]["row"])
+
+
+def test_group_micro_batches_leaves_the_global_random_stream_alone():
+    """The groups' order comes from the generator passed in: the same generator seed gives the same split, and
+    TRL's draws from the global stream (sampling, shuffles) stay where they were."""
+    micro = [{"prefix_group": torch.tensor([i, i + 4]), "row": torch.tensor([2 * i, 2 * i + 1])} for i in range(4)]
+    torch.manual_seed(1)
+    expected = torch.rand(3)
+    torch.manual_seed(1)
+    first = group_micro_batches(micro, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(torch.rand(3), expected)
+    again = group_micro_batches(micro, generator=torch.Generator().manual_seed(7))
+    assert all(torch.equal(a["row"], b["row"]) for a, b in zip(first, again))
 
 
 def test_pack_rows_rejects_rows_it_cannot_score():
@@ -192,3 +215,131 @@ def test_packed_forward_equals_rows_for_the_model_families_trl_users_train(famil
     assert packing.packed_tokens < packing.real_tokens
     assert (logps - out.log_probs[:, -completion:])[scored].abs().max() < 1e-5
     assert (entropies - out.entropy[:, -completion:])[scored].abs().max() < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("obstacle", "expected"),
+    [
+        ({"multimodal": True}, "the batch has multimodal inputs"),
+        ({"router_loss": True}, "the MoE router loss counts every token"),
+        ({"sharded": True}, "FSDP and DeepSpeed ranks would run different numbers of forwards"),
+        (
+            {"attention": "flash_attention_2"},
+            "attention implementation 'flash_attention_2' takes no custom mask "
+            "(use one of ['sdpa', 'eager', 'flex_attention'])",
+        ),
+        (
+            {"attention": None},
+            "attention implementation None takes no custom mask (use one of ['sdpa', 'eager', 'flex_attention'])",
+        ),
+        # several obstacles: the first in this order is named
+        (
+            {"multimodal": True, "router_loss": True, "sharded": True, "attention": None},
+            "the batch has multimodal inputs",
+        ),
+        ({"router_loss": True, "sharded": True}, "the MoE router loss counts every token"),
+        ({"sharded": True, "attention": "flash_attention_2"}, "FSDP and DeepSpeed ranks would run"),
+    ],
+)
+def test_packing_obstacle_names_each_reason(obstacle, expected):
+    kwargs = {"multimodal": False, "router_loss": False, "sharded": False, "attention": "sdpa", **obstacle}
+    reason = packing_obstacle(**kwargs)
+    assert reason is not None and reason.startswith(expected)
+    if "(use one of" in expected:
+        assert reason == expected
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "flex_attention"])
+def test_packing_obstacle_is_none_for_a_packable_pass(attention):
+    assert packing_obstacle(multimodal=False, router_loss=False, sharded=False, attention=attention) is None
+
+
+@pytest.mark.parametrize(
+    ("mode", "padded", "packed", "expected"),
+    [
+        # "auto": packed / padded <= 0.8 and padded - packed >= 1024; 5120 x 0.8 = 4096 = 5120 - 1024: both at once
+        ("auto", 5120, 4096, True),
+        ("auto", 5120, 4097, False),  # ratio 0.8002 and 1023 saved: both just over
+        ("auto", 5119, 4095, True),  # ratio 0.79996, 1024 saved
+        ("auto", 5121, 4097, False),  # 1024 saved but ratio 0.80004
+        ("auto", 10000, 8000, True),  # ratio exactly 0.8, 2000 saved
+        ("auto", 10000, 8001, False),  # ratio 0.8001 only
+        ("auto", 5000, 3976, True),  # ratio 0.795, exactly 1024 saved
+        ("auto", 5000, 3977, False),  # 1023 saved only
+        ("auto", 2000, 100, True),  # ratio 0.05, 1900 saved
+        ("auto", 1000, 10, False),  # ratio 0.01: only 990 saved
+        ("auto", 100000, 90000, False),  # 10000 saved: ratio 0.9
+        ("auto", 4096, 4096, False),
+        # "on" always, "off" never
+        ("on", 5120, 4097, True),
+        ("on", 100, 100, True),
+        ("on", 100, 150, True),
+        ("off", 100000, 10, False),
+        ("off", 5120, 4096, False),
+    ],
+)
+def test_worth_packing_thresholds(mode, padded, packed, expected):
+    assert MAX_PACKED_TOKEN_RATIO == 0.8 and MIN_SAVED_TOKENS == 1024
+    assert worth_packing(mode, padded, packed) is expected
+
+
+def grouped_micro_batches() -> list[dict]:
+    """4 micro-batches of 4 rows: 8 prefix groups (ids 10, 20, ..., 80) of 2 rows each, scattered across them."""
+    groups = [30, 10, 50, 80, 10, 40, 60, 20, 70, 30, 20, 50, 40, 80, 60, 70]
+    return [
+        {
+            "prefix_group": torch.tensor(groups[i * 4 : (i + 1) * 4]),
+            "row": torch.arange(i * 4, (i + 1) * 4),
+            "ids": torch.arange(i * 4, (i + 1) * 4).unsqueeze(1).repeat(1, 3),
+            "name": [f"r{r}" for r in range(i * 4, (i + 1) * 4)],
+            "num_items_in_batch": torch.tensor(42),
+            "ref_per_token_logps": None,
+        }
+        for i in range(4)
+    ]
+
+
+def test_group_micro_batches_puts_each_group_in_one_micro_batch_in_the_generators_order():
+    micro = grouped_micro_batches()
+    state = torch.get_rng_state()
+    arranged = group_micro_batches(micro, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(torch.get_rng_state(), state)  # the global random stream is untouched
+    # the groups come in the order of the generator's permutation of the sorted group ids, each group's rows in
+    # their original order
+    groups = [30, 10, 50, 80, 10, 40, 60, 20, 70, 30, 20, 50, 40, 80, 60, 70]
+    permutation = torch.randperm(8, generator=torch.Generator().manual_seed(3)).tolist()
+    order = [10 * (index + 1) for index in permutation]
+    rows = [row for group in order for row in range(16) if groups[row] == group]
+    assert [b["row"].tolist() for b in arranged] == [rows[i * 4 : (i + 1) * 4] for i in range(4)]
+    # e.g. group 10 is rows 1 and 4, group 20 rows 7 and 10: each ends in one micro-batch of 2 whole groups
+    for batch in arranged:
+        members = batch["prefix_group"].tolist()
+        assert len(set(members)) == 2 and all(members.count(g) == 2 for g in members)
+        assert batch["prefix_group"].tolist() == [groups[r] for r in batch["row"].tolist()]
+        assert batch["ids"].tolist() == [[r] * 3 for r in batch["row"].tolist()]  # every value follows its row
+        assert batch["name"] == [f"r{r}" for r in batch["row"].tolist()]
+        assert batch["num_items_in_batch"].item() == 42 and batch["ref_per_token_logps"] is None
+    # the same seed gives the same split, the global stream still untouched
+    again = group_micro_batches(micro, generator=torch.Generator().manual_seed(3))
+    assert [b["row"].tolist() for b in again] == [b["row"].tolist() for b in arranged]
+    assert [b["name"] for b in again] == [b["name"] for b in arranged]
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_group_micro_batches_seeds_differ_and_the_input_is_kept():
+    micro = grouped_micro_batches()
+    splits = {
+        tuple(tuple(b["row"].tolist()) for b in group_micro_batches(micro, generator=torch.Generator().manual_seed(s)))
+        for s in range(6)
+    }
+    assert len(splits) > 1  # the order is drawn, not fixed
+    assert [b["row"].tolist() for b in micro] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+
+
+def test_group_micro_batches_without_groups_returns_the_split_as_is():
+    micro = [{"row": torch.tensor([0, 1])}, {"row": torch.tensor([2, 3])}]
+    state = torch.get_rng_state()
+    assert group_micro_batches(micro, generator=torch.Generator().manual_seed(0)) is micro
+    no_groups = [{**b, "prefix_group": None} for b in micro]
+    assert group_micro_batches(no_groups, generator=torch.Generator().manual_seed(0)) is no_groups
+    assert torch.equal(torch.get_rng_state(), state)

@@ -7,7 +7,9 @@ path. The G completions of a GRPO prompt become G branches of one prompt; the tu
 branches of the node's history.
 
 The layout is pure (lists of token ids in, index tensors out); `packed_logps_and_entropies` runs a model on it
-through TRL's fused LM head and returns the same ``(B, T)`` per-token tensors as unpacked rows.
+through TRL's fused LM head and returns the same ``(B, T)`` per-token tensors as unpacked rows. The policy of when
+a log-prob pass is packed is pure too (`packing_obstacle`, `worth_packing`), and so is the re-split of a generation
+batch that keeps each prefix group in one micro-batch (`group_micro_batches`, with a generator of its own).
 
 Layout of a packed row of length L:
 
@@ -30,17 +32,59 @@ import numpy as np
 import torch
 
 __all__ = [
+    "MAX_PACKED_TOKEN_RATIO",
+    "MIN_SAVED_TOKENS",
+    "PACKABLE_ATTENTION",
     "Packing",
     "PackedRow",
     "PackedBatch",
     "group_micro_batches",
     "pack_rows",
     "packed_logps_and_entropies",
+    "packing_obstacle",
     "rows_from_padded",
     "tree_mask",
+    "worth_packing",
 ]
 
 _SELF = np.iinfo(np.int32).max  # visible_end of a segment for itself: limited by causality only
+
+# Attention implementations that take the packed rows' tree mask (flash attention takes no custom mask).
+PACKABLE_ATTENTION = ("sdpa", "eager", "flex_attention")
+# "auto" packs a log-prob pass only when it processes at most this fraction of the padded rows' tokens and saves at
+# least this many tokens (below that, laying out and masking cost more than the forward saves).
+MAX_PACKED_TOKEN_RATIO = 0.8
+MIN_SAVED_TOKENS = 1024
+
+
+def packing_obstacle(*, multimodal: bool, router_loss: bool, sharded: bool, attention: str | None) -> str | None:
+    """Why a log-prob pass cannot be packed (a sentence for the log), or None when it can.
+
+    Args:
+        multimodal: the pass has image or per-token processor inputs (not indexed by packed position).
+        router_loss: the pass computes an MoE router loss (it counts every token, padding included).
+        sharded: FSDP or DeepSpeed (every rank must run the same number of forwards).
+        attention: the model's attention implementation.
+    """
+    if multimodal:
+        return "the batch has multimodal inputs"
+    if router_loss:
+        return "the MoE router loss counts every token"
+    if sharded:
+        return "FSDP and DeepSpeed ranks would run different numbers of forwards"
+    if attention not in PACKABLE_ATTENTION:
+        return f"attention implementation {attention!r} takes no custom mask (use one of {list(PACKABLE_ATTENTION)})"
+    return None
+
+
+def worth_packing(mode: str, padded_tokens: int, packed_tokens: int) -> bool:
+    """Whether ``prefix_sharing=mode`` packs a pass of ``padded_tokens`` (B × (P + T)) laid out in ``packed_tokens``:
+    ``"on"`` always, ``"auto"`` when that is at most `MAX_PACKED_TOKEN_RATIO` of the padded tokens and saves at
+    least `MIN_SAVED_TOKENS`, ``"off"`` never."""
+    if mode == "auto":
+        saved = padded_tokens - packed_tokens
+        return packed_tokens / padded_tokens <= MAX_PACKED_TOKEN_RATIO and saved >= MIN_SAVED_TOKENS
+    return mode == "on"
 
 
 @dataclass
@@ -412,14 +456,18 @@ def packed_logps_and_entropies(
     return logps, entropies
 
 
-def group_micro_batches(micro_batches: list[dict], group_key: str = "prefix_group") -> list[dict]:
+def group_micro_batches(
+    micro_batches: list[dict], *, generator: torch.Generator, group_key: str = "prefix_group"
+) -> list[dict]:
     """Re-split micro-batches so that rows of one prefix group sit together (and so can share their prefix).
 
-    The groups are put in a random order (``torch.randperm``: seeded like TRL's shuffle), the rows of each group
-    kept together, and the rows split again into as many micro-batches of the same size. No row is added or dropped.
+    The groups are put in a random order drawn from ``generator`` (never the global random stream, which TRL's
+    sampling and shuffles draw from), the rows of each group kept together, and the rows split again into as many
+    micro-batches of the same size. No row is added or dropped.
 
     Args:
         micro_batches: TRL's micro-batches: dicts of N-row tensors, lists, 0-dim tensors (kept) and None.
+        generator: a CPU generator of its own (the trainer seeds it from the run's seed and step).
         group_key: the ``(N,)`` integer tensor naming each row's group.
 
     Returns:
@@ -441,7 +489,7 @@ def group_micro_batches(micro_batches: list[dict], group_key: str = "prefix_grou
     groups = merged[group_key].cpu()
     unique, inverse = torch.unique(groups, return_inverse=True)
     rank = torch.empty_like(unique)
-    rank[torch.randperm(unique.numel())] = torch.arange(unique.numel())
+    rank[torch.randperm(unique.numel(), generator=generator)] = torch.arange(unique.numel())
     order = torch.sort(rank[inverse], stable=True).indices
     size = len(order) // len(micro_batches)
     arranged = []

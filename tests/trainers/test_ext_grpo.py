@@ -10,9 +10,10 @@ from peft import LoraConfig
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_ext import ExtGRPOConfig, ExtGRPOTrainer
+from trl_ext.losses import LOSSES
 from trl_ext.testing import build_tiny_model_and_tokenizer
-from trl_ext.trainers import ext_grpo
-from trl_ext.trainers.ext_grpo import TRL_LOSS_TYPES, _pad_batch
+from trl_ext.trainers import ext_grpo_config as ext_grpo
+from trl_ext.trainers.batch import check_scored_batch, pad_batch
 
 from ..utils import cpu_config_kwargs, digit_reward, run_processes, toy_dataset
 
@@ -61,7 +62,7 @@ def test_config_defaults_and_plain_grpo_config_for_ipo(tmp_path):
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.skipif(ext_grpo.bf16_accelerator_available(), reason="this host has a bf16 accelerator")
 def test_unset_bf16_trains_in_float32_without_a_bf16_accelerator(tmp_path, caplog):
-    with caplog.at_level(logging.INFO, logger="trl_ext.trainers.ext_grpo"):
+    with caplog.at_level(logging.INFO, logger="trl_ext.trainers.ext_grpo_config"):
         config = ExtGRPOConfig(output_dir=str(tmp_path))  # no use_cpu, no bf16: TRL alone fails here
     assert (config.bf16, config.fp16) == (False, False)
     assert "training in float32" in caplog.text and "no accelerator with bf16 support" in caplog.text
@@ -74,7 +75,7 @@ def test_unset_bf16_keeps_trl_default_on_a_bf16_accelerator(tmp_path):
 
 def test_unset_bf16_with_use_cpu_trains_in_float32(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(ext_grpo, "bf16_accelerator_available", lambda: True)  # even next to a bf16 GPU
-    with caplog.at_level(logging.INFO, logger="trl_ext.trainers.ext_grpo"):
+    with caplog.at_level(logging.INFO, logger="trl_ext.trainers.ext_grpo_config"):
         config = ExtGRPOConfig(output_dir=str(tmp_path), use_cpu=True)
     assert config.bf16 is False
     assert "use_cpu=True: training in float32" in caplog.text
@@ -82,7 +83,7 @@ def test_unset_bf16_with_use_cpu_trains_in_float32(tmp_path, monkeypatch, caplog
 
 def test_explicit_precision_is_kept_or_refused_with_the_fix(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(ext_grpo, "bf16_accelerator_available", lambda: False)
-    with caplog.at_level(logging.INFO, logger="trl_ext.trainers.ext_grpo"):
+    with caplog.at_level(logging.INFO, logger="trl_ext.trainers.ext_grpo_config"):
         assert ExtGRPOConfig(output_dir=str(tmp_path), bf16=False).bf16 is False
     assert "float32" not in caplog.text  # nothing to say when the user chose
     with pytest.raises(ValueError, match=r"bf16=True, but this machine has no accelerator .*set bf16=False"):
@@ -129,7 +130,7 @@ def test_ipo_lora_run_masks_tokens_and_trains_only_the_adapter(tmp_path):
 # Every TRL loss type is unchanged
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("loss_type", TRL_LOSS_TYPES)
+@pytest.mark.parametrize("loss_type", [name for name, spec in LOSSES.items() if spec.compute is None])
 def test_trl_loss_types_give_the_same_losses_as_grpo_trainer(tmp_path, loss_type):
     level = "sequence" if loss_type == "luspo" else "token"
     histories = []
@@ -220,7 +221,7 @@ def test_padding_rows_do_not_change_the_loss(captured, loss_type):
     trainer, batch = captured
     trainer.model.train()
     batch = {**batch, "is_padding_row": torch.zeros(4, dtype=torch.bool)}
-    padded = _pad_batch(batch, 4, 3)
+    padded = pad_batch(batch, 4, 3)
     padded["is_padding_row"] = torch.tensor([False] * 4 + [True] * 3)
     assert padded["completion_mask"][4:].sum() == 0 and padded["advantages"][4:].abs().sum() == 0
     torch.testing.assert_close(padded["prompt_ids"][4:], batch["prompt_ids"][:3])  # copies of real rows
@@ -271,13 +272,13 @@ def test_hook_validation_errors(captured):
     trainer, batch = captured
     bad = {**batch, "advantages": torch.zeros(4, 3)}
     with pytest.raises(ValueError, match="advantages must be"):
-        trainer._pad_rows(bad)
+        check_scored_batch(bad)
     bad = {**batch, "loss_weights": -torch.ones(batch["completion_mask"].shape)}
     with pytest.raises(ValueError, match="loss_weights must be finite and >= 0"):
-        trainer._pad_rows(bad)
+        check_scored_batch(bad)
     bad = {**batch, "extra": [1, 2]}
     with pytest.raises(ValueError, match="every value must be"):
-        trainer._pad_rows(bad)
+        check_scored_batch(bad)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from datasets import Dataset
 
 from trl_ext.testing import build_tiny_model_and_tokenizer
 from trl_ext.trainers import ExtGRPOConfig, ExtGRPOTrainer
-from trl_ext.trainers.ext_grpo import prompt_cap
+from trl_ext.trainers.prompt_cap import prompt_cap
 from trl_ext.trainers.stepwise_rlm import StepwiseRLMConfig
 
 from ..utils import cpu_config_kwargs, digit_reward

@@ -1,7 +1,13 @@
-"""`trl_ext.trainers.trl_seam`: each override of a TRL private method, exercised against the pinned TRL."""
+"""`trl_ext.trainers.trl_seam`: each override of a TRL private method, exercised against the pinned TRL, and the
+seam closed: nothing outside it names a private attribute of TRL."""
 
 from __future__ import annotations
 
+import ast
+import inspect
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -9,11 +15,15 @@ import torch
 from trl import GRPOTrainer
 from trl.generation.vllm_generation import VLLMGeneration
 
+import trl_ext
+from trl_ext.fields import documented
 from trl_ext.losses import LOSSES, LossSpec, register_loss
 from trl_ext.testing import build_tiny_model_and_tokenizer
-from trl_ext.trainers import ExtGRPOConfig, ExtGRPOTrainer, trl_seam
+from trl_ext.trainers import ExtGRPOConfig, ExtGRPOTrainer
 from trl_ext.trainers.trl_seam import (
     SEAM,
+    SEAM_ATTRIBUTES,
+    SEAM_CALLS,
     VLLM_GENERATION_SEAM,
     BatchScope,
     GeneratedBatch,
@@ -23,6 +33,7 @@ from trl_ext.trainers.trl_seam import (
     tied_modules,
     use_layerwise_reload,
 )
+from trl_ext.trainers.trl_seam import check as seam_check
 
 from ..utils import cpu_config_kwargs, digit_reward, toy_dataset
 
@@ -70,10 +81,107 @@ def test_check_trl_checks_the_vllm_backend_methods_the_seam_uses(monkeypatch):
 
 
 def test_check_trl_reads_the_generate_tuple(monkeypatch):
-    assert trl_seam._generate_return_names() == tuple(GeneratedBatch.__dataclass_fields__)
-    monkeypatch.setattr(trl_seam, "_generate_return_names", lambda: ("prompt_ids", "completion_ids"))
+    assert seam_check._generate_return_names() == tuple(GeneratedBatch.__dataclass_fields__)
+    monkeypatch.setattr(seam_check, "_generate_return_names", lambda: ("prompt_ids", "completion_ids"))
     with pytest.raises(ImportError, match="_generate returns"):
         check_trl()
+
+
+def test_check_trl_checks_the_private_attributes_the_seam_touches(monkeypatch):
+    """An attribute TRL sets in ``GRPOTrainer.__init__`` (read from its source) or a method the seam calls."""
+    monkeypatch.setattr(seam_check, "SEAM_ATTRIBUTES", (*SEAM_ATTRIBUTES, "_renamed_in_a_new_trl"))
+    with pytest.raises(ImportError, match=r"GRPOTrainer has no attribute _renamed_in_a_new_trl.*pip install"):
+        check_trl()
+    monkeypatch.delattr(GRPOTrainer, "_log_completion_extra")
+    with pytest.raises(ImportError, match=r"GRPOTrainer\._log_completion_extra is missing"):
+        check_trl()
+
+
+# ---------------------------------------------------------------------------------- the seam is closed for attributes
+def _trl_private_names() -> set[str]:
+    """The private names TRL's GRPOTrainer and transformers' Trainer define: class attributes, methods, and the
+    ``self._x = ...`` assignments in their source."""
+    names: set[str] = set()
+    for cls in GRPOTrainer.__mro__:
+        if not cls.__module__.startswith(("trl.", "transformers.")):
+            continue
+        names |= {name for name in vars(cls) if name.startswith("_") and not name.startswith("__")}
+        for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(cls)))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+                if isinstance(node.ctx, ast.Store) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                    names.add(node.attr)
+    return names
+
+
+def private_trl_uses(source: str, trl_names: set[str]) -> list[str]:
+    """``line: expression`` of each place ``source`` names a private TRL name: ``self._x``, ``trainer._x``,
+    ``super()._x`` or ``GRPOTrainer._x`` (read or written), and class-body names that shadow one."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in trl_names:
+            owner = node.value
+            if (isinstance(owner, ast.Name) and owner.id in ("self", "trainer", "GRPOTrainer")) or (
+                isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super"
+            ):
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+        if isinstance(node, ast.ClassDef):
+            for statement in node.body:
+                targets = statement.targets if isinstance(statement, ast.Assign) else []
+                named = [t.id for t in targets if isinstance(t, ast.Name)]
+                if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    named.append(statement.name)
+                found += [f"{statement.lineno}: {node.name}.{name}" for name in named if name in trl_names]
+    return found
+
+
+def test_nothing_outside_the_seam_names_a_private_trl_attribute():
+    """Only `trl_ext.trainers.trl_seam` reaches TRL's private state: a TRL bump then fails at `check_trl`, at
+    import, instead of at a metric KeyError in training."""
+    trl_names = _trl_private_names()
+    assert {"_metrics", "_buffered_inputs", "_tokenizer", "_log_completion_extra"} <= trl_names
+    package = Path(trl_ext.__file__).parent
+    seam = package / "trainers" / "trl_seam"
+    offenders = {
+        str(path.relative_to(package)): uses
+        for path in sorted(package.rglob("*.py"))
+        if seam not in path.parents
+        and (uses := private_trl_uses(path.read_text(), trl_names))
+        and "callbacks" not in path.parts  # a callback's `self` is the callback (its own `_evaluate`)
+    }
+    assert not offenders, f"TRL's private names outside trl_seam (use the seam's services): {offenders}"
+    # The scan catches what it must: a trainer writing TRL's metrics itself.
+    source = "class T(ExtGRPOTrainer):\n    def f(self):\n        self._metrics['train']['x'].append(1.0)\n"
+    assert private_trl_uses(source, trl_names) == ["3: self._metrics"]
+    assert private_trl_uses("class T:\n    _tag_names = []\n", trl_names) == ["2: T._tag_names"]
+
+
+def test_the_seam_checks_every_private_name_it_uses():
+    """Every private TRL name the seam's code names is checked by `check_trl` (a method overridden or called, or an
+    attribute); those of TRL's vLLM backend too."""
+    trl_names = _trl_private_names()
+    seam = Path(trl_ext.__file__).parent / "trainers" / "trl_seam"
+    used = {
+        use.split(".")[-1].split("(")[0]
+        for path in seam.glob("*.py")
+        for use in private_trl_uses(path.read_text(), trl_names)
+    }
+    checked = set(SEAM) | set(SEAM_CALLS) | set(SEAM_ATTRIBUTES)
+    assert used - checked == set(), used - checked
+
+
+def test_trl_log_prob_passes_over_rows_that_will_be_replaced_are_skipped():
+    """Inside a batch whose rows the hook replaces, TRL's old/reference passes return zeros without a forward; any
+    other pass goes through the hook."""
+    calls = []
+    trainer = SimpleNamespace(
+        _batch_scope=BatchScope(inputs=[], replaces_rows=True),
+        per_token_logps_and_entropies=lambda *args, **kwargs: calls.append(args) or ("hook", None, None),
+    )
+    input_ids = torch.ones(3, 7, dtype=torch.long)
+    logps, entropies, aux = TRLSeam._get_per_token_logps_and_entropies(trainer, None, input_ids, input_ids, 4)
+    assert logps.shape == (3, 4) and not logps.any() and entropies is None and aux is None and not calls
+    trainer._batch_scope = BatchScope(inputs=[])
+    assert TRLSeam._get_per_token_logps_and_entropies(trainer, None, input_ids, input_ids, 4)[0] == "hook"
 
 
 class _RecordingScope(BatchScope):
@@ -107,9 +215,9 @@ class RecordingTrainer(ExtGRPOTrainer):
         self.calls.append(("compute_rewards", rewards.shape))
         return rewards + 1.0  # shifted: TRL's advantages and the logged reward must see it
 
-    def after_scoring(self, batch, scope):
-        self.calls.append(("after_scoring", scope.rewards_per_func))
-        return super().after_scoring(batch, scope)
+    def process_scored_batch(self, batch, inputs):
+        self.calls.append(("process_scored_batch", self.batch_scope.rewards_per_func))
+        return super().process_scored_batch(batch, inputs)
 
     def on_batch_end(self, scope):
         self.calls.append(("on_batch_end", None))
@@ -143,7 +251,7 @@ def test_each_override_reaches_its_hook_in_a_real_training_step(tmp_path):
         "postprocess_samples",
         "on_generated",
         "compute_rewards",
-        "after_scoring",
+        "process_scored_batch",
     ]
     assert names[first + 5 : first + 9] == [
         "on_batch_end",
@@ -155,7 +263,7 @@ def test_each_override_reaches_its_hook_in_a_real_training_step(tmp_path):
     generated = dict(trainer.calls)["on_generated"]
     assert isinstance(generated, GeneratedBatch) and len(generated.completion_ids) == len(generated.completions)
     assert all(isinstance(ids, list) for ids in generated.completion_ids)
-    scope_rewards = dict(trainer.calls)["after_scoring"]
+    scope_rewards = dict(trainer.calls)["process_scored_batch"]
     assert torch.all(scope_rewards >= 1.0)  # the scope holds what compute_rewards returned
     assert trainer.state.log_history[0]["reward"] >= 1.0
     assert trainer._batch_scope is None  # closed after the batch
@@ -172,19 +280,25 @@ def test_a_registered_loss_is_used_by_the_trainer(tmp_path):
         loss = -(logps * mask).sum() / normalizer * scale
         return loss, {"num_tokens": mask.sum().float(), "scale": torch.tensor(float(scale))}
 
-    spec = LossSpec("test_mean_logp", "tokens", mean_logp_loss, settings={"scale": "ipo_ratio_cap"})
+    @dataclass(frozen=True)
+    class MeanLogpSettings:
+        scale: float = documented(1.0, "Multiplies the loss.")
+
+    spec = LossSpec("test_mean_logp", "tokens", mean_logp_loss, settings=MeanLogpSettings)
     register_loss(spec)
     try:
         model, tokenizer = build_tiny_model_and_tokenizer(0)
-        config = ExtGRPOConfig(**cpu_config_kwargs(str(tmp_path), max_steps=1, loss_type="test_mean_logp"))
+        config = ExtGRPOConfig(
+            **cpu_config_kwargs(str(tmp_path), max_steps=1, loss_type="test_mean_logp", loss_kwargs={"scale": 8.0})
+        )
         trainer = ExtGRPOTrainer(
             model, digit_reward, args=config, train_dataset=toy_dataset(), processing_class=tokenizer
         )
         trainer.train()
     finally:
         del LOSSES["test_mean_logp"]
-    assert calls and all(scale == config.ipo_ratio_cap for scale in calls)
-    assert trainer.state.log_history[0]["test_mean_logp/scale"] == pytest.approx(config.ipo_ratio_cap)
+    assert calls and all(scale == 8.0 for scale in calls)  # from loss_kwargs, not the class default
+    assert trainer.state.log_history[0]["test_mean_logp/scale"] == pytest.approx(8.0)
 
 
 # -------------------------------------------------------------------------------------- the colocated weight sync

@@ -158,7 +158,7 @@ def test_every_image_layout_goes_through_the_hook_and_the_padding(layout, tmp_pa
     }
     original = split_pixel_values_by_grid(batch)
     scope = BatchScope(inputs=[{}] * 8, rewards_per_func=torch.zeros(8, 1))
-    out = trainer.after_scoring(dict(batch), scope)
+    out = trainer._run_scored_batch_hook(dict(batch), scope)
     assert out["is_padding_row"].tolist() == [False] * 7 + [True]
     assert out["num_images"] == images[:7] + images[:1]
     split = split_pixel_values_by_grid(out)

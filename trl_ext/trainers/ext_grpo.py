@@ -1,17 +1,17 @@
 """`ExtGRPOTrainer`: TRL's GRPOTrainer with the loss registry, per-token advantages and a row-changing hook.
 
 Everything TRL does (generation with transformers or vLLM, LoRA, Accelerate, reward functions, logging) is left to
-`trl.GRPOTrainer`; the TRL private methods this builds on are overridden in one place, `trl_seam`. This subclass
-adds three things:
+`trl.GRPOTrainer`; the TRL internals this builds on are reached in one place, `trl_seam`. This subclass is glue:
 
 1. ``loss_type`` picks a loss from the registry of `trl_ext.losses` (TRL's own, or ``"ipo"``: the
    probability-difference trust region of docs/ipo_loss.md).
-2. `ExtGRPOTrainer.process_scored_batch`, one documented hook on the scored generation batch through which a
-   subclass may replace the ``(B,)`` advantages by ``(B, T)`` per-token ones, attach per-token loss weights, or
-   change the rows (split rollouts into turns).
-3. The bookkeeping a changed row count needs: TRL shuffles the batch and splits it into ``steps_per_generation``
-   equal chunks, so rows are padded (with zero-loss copies) so that none is dropped and every rank holds the same
-   count, and ``num_items_in_batch`` is recomputed from the final masks.
+2. `process_scored_batch`, the one hook on the scored generation batch, runs inside the batch contract of
+   `trl_ext.trainers.batch` (`ScoredBatch`): a subclass may replace the ``(B,)`` advantages by ``(B, T)`` per-token
+   ones, attach per-token loss weights, or change the rows (split rollouts into turns); rows are then padded (with
+   zero-loss copies) so that none is dropped and every rank holds the same count, and ``num_items_in_batch`` is
+   recomputed from the final masks.
+3. Shared-prefix packing of the log-prob passes (docs/packing.md; its policy is `trl_ext.packing`'s), the prompt
+   cap (`trl_ext.trainers.prompt_cap`) and resuming inside a generation batch.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import random
 from typing import Any
 
 import torch
@@ -26,26 +27,23 @@ from trl import GRPOConfig
 from trl.trainer.utils import nanmax, nanmin, split_pixel_values_by_grid, unsplit_pixel_values_by_grid
 
 from ..checkpoints import checkpoint_step, required_checkpoint_files, resolve_resume_checkpoint
-from ..hub import METHODS
-from ..losses import LOSSES, LossSpec, get_loss, sampling_mismatch
-from ..packing import Packing, group_micro_batches, pack_rows, packed_logps_and_entropies, rows_from_padded
+from ..losses import LossSpec, get_loss, sampling_mismatch
+from ..methods import METHODS
+from ..packing import (
+    Packing,
+    group_micro_batches,
+    pack_rows,
+    packed_logps_and_entropies,
+    packing_obstacle,
+    rows_from_padded,
+    worth_packing,
+)
+from .batch import check_scored_batch, loss_mask, pad_batch, padding_rows
 from .ext_grpo_config import ExtGRPOConfig
-from .trl_seam import SEAM, BatchScope, TRLSeam
+from .prompt_cap import cap_prompt_ids, prompt_cap
+from .trl_seam import FORWARD_KEYS, BatchScope, TRLSeam
 
 logger = logging.getLogger(__name__)
-
-# Deprecated aliases (the registry `trl_ext.losses.LOSSES` is the home): kept for one release.
-TRL_LOSS_TYPES = tuple(name for name, spec in LOSSES.items() if spec.compute is None)
-LOSS_TYPES = tuple(LOSSES)
-ROW_MEAN_LOSS_TYPES = tuple(name for name, spec in LOSSES.items() if spec.normalization == "rows")
-
-
-# Attention implementations that take the packed rows' tree mask (flash attention takes no custom mask).
-PACKABLE_ATTENTION = ("sdpa", "eager", "flex_attention")
-# "auto" packs a log-prob pass only when it processes at most this fraction of the padded rows' tokens and saves at
-# least this many tokens (below that, laying out and masking cost more than the forward saves).
-MAX_PACKED_TOKEN_RATIO = 0.8
-MIN_SAVED_TOKENS = 1024
 
 
 @contextlib.contextmanager
@@ -75,10 +73,9 @@ class ExtGRPOTrainer(TRLSeam):
     subclass changes the row count, ``batch/padding_rows`` counts the zero-loss rows added (all ranks).
     """
 
-    # TRL's model card (`create_model_card`, `push_to_hub`) from the method table `trl_ext.hub.METHODS`
-    _tag_names = METHODS["grpo"].tag_names
-    _name = METHODS["grpo"].name
-    _paper = METHODS["grpo"].paper
+    model_card = METHODS["grpo"]
+    # The metrics that count the padding rows of a generation batch (all ranks).
+    padding_metrics: tuple[str, ...] = ("batch/padding_rows",)
 
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *pargs, **kwargs):
         if args is None:
@@ -99,6 +96,7 @@ class ExtGRPOTrainer(TRLSeam):
         self._packing_verified: bool | None = None  # the first packed pass is checked against TRL's rows
         self.max_prompt_length = prompt_cap(getattr(args, "max_prompt_length", None), self.model, args)
         self._prompt_cap_warned = False
+        self._draws: dict[str, tuple[tuple[str, int], int]] = {}  # purpose -> ((mode, global step), batches drawn)
 
     # ------------------------------------------------------------------------------------------------------------
     # Resuming
@@ -135,6 +133,17 @@ class ExtGRPOTrainer(TRLSeam):
         """The registry entry (`trl_ext.losses.LOSSES`) of this trainer's ``loss_type``."""
         return get_loss(self.loss_type)
 
+    def batch_random_key(self, purpose: str) -> str:
+        """The seed of this generation batch's draws for ``purpose``: a function of the run's seed, the rank, the
+        mode, the global step and how many batches drew for ``purpose`` at this step before, so a resumed run draws
+        what the uninterrupted run would have, without a generator state to checkpoint. The trainer's own draws come
+        from generators seeded with it, never from the global random stream TRL samples from."""
+        mode, step = self.mode, self.state.global_step
+        key, count = self._draws.get(purpose, ((mode, -1), 0))
+        count = count + 1 if key == (mode, step) else 0
+        self._draws[purpose] = ((mode, step), count)
+        return f"trl-ext/{purpose}/{self.args.seed}/{self.accelerator.process_index}/{mode}/{step}/{count}"
+
     # ------------------------------------------------------------------------------------------------------------
     # Prompt cap
     # ------------------------------------------------------------------------------------------------------------
@@ -147,13 +156,9 @@ class ExtGRPOTrainer(TRLSeam):
         cap = self.max_prompt_length
         if cap is None:
             return prompt_ids
-        long = [index for index, ids in enumerate(prompt_ids) if len(ids) > cap]
-        local = torch.tensor(
-            [len(long), len(prompt_ids), len(long) if multimodal else 0],
-            dtype=torch.float64,
-            device=self.accelerator.device,
-        )
-        num_long, num_prompts, num_uncuttable = self.accelerator.gather(local.unsqueeze(0)).sum(0).tolist()
+        capped, long = cap_prompt_ids(prompt_ids, cap)
+        sums = self.global_sums(len(long), len(prompt_ids), len(long) if multimodal else 0)
+        num_long, num_prompts, num_uncuttable = sums.tolist()
         if num_uncuttable:
             raise ValueError(
                 f"{int(num_uncuttable)} prompt(s) with images are longer than max_prompt_length={cap} tokens "
@@ -161,8 +166,7 @@ class ExtGRPOTrainer(TRLSeam):
                 "be cut without breaking their images: drop the long rows from the dataset, or raise "
                 "max_prompt_length (the model's positions minus max_completion_length at most)."
             )
-        mode = "train" if self.model.training else "eval"
-        self._metrics[mode]["prompts/truncated_ratio"].append(num_long / num_prompts)
+        self.log_metric("prompts/truncated_ratio", num_long / num_prompts)
         if long and not self._prompt_cap_warned:
             self._prompt_cap_warned = True
             logger.warning(
@@ -173,64 +177,27 @@ class ExtGRPOTrainer(TRLSeam):
                 cap,
                 max(len(prompt_ids[index]) for index in long),
             )
-        return [ids[-cap:] if len(ids) > cap else ids for ids in prompt_ids]
+        return capped
 
     # ------------------------------------------------------------------------------------------------------------
-    # The hook
+    # The batch contract around the hook (trl_ext.trainers.batch)
     # ------------------------------------------------------------------------------------------------------------
-    def process_scored_batch(self, batch: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        """Transform this rank's scored generation batch before it is shuffled and split into micro-batches.
-
-        Called right after `GRPOTrainer._generate_and_score_completions` (rewards and group advantages are
-        final, computed over all ranks). The default returns ``batch`` unchanged. A subclass may:
-
-        - replace ``batch["advantages"]`` (``(B,)``) by a ``(B, T)`` tensor of per-token advantages aligned with
-          ``batch["completion_ids"]``;
-        - add ``batch["loss_weights"]``, a ``(B, T)`` tensor ≥ 0 multiplying each token's policy loss (folded
-          into the advantages for TRL's loss types, which is exact for their policy term since each is linear in
-          the advantage for a non-negative weight; trl-ext's registered losses such as ``"ipo"`` weight each
-          token's whole loss, their τ penalty included; the β·KL term stays unweighted for every loss type);
-        - change the rows: return any number N of rows, where every value is an N-row tensor, a 0-dim tensor, a
-          length-N list or None. Rows are padded afterwards (zero loss) so that N is a multiple of
-          ``steps_per_generation`` and equal on every rank, and ``num_items_in_batch`` is recomputed. Log-prob
-          tensors (``old_per_token_logps``, ``ref_per_token_logps``, ``sampling_per_token_logps``) must describe
-          the new rows: recompute them when a row's prompt is not a token-exact prefix of the old one.
-
-        Image fields come per row, as TRL's ``split_pixel_values_by_grid`` gives them: ``pixel_values`` (and
-        ``image_grid_thw``, ``image_sizes``, ... where the model's layout is flat over images) is a length-B list of
-        each row's tensor, ``num_images`` a length-B list; index them like any row value. They are joined back after
-        the padding, as TRL keeps them.
-
-        Args:
-            batch: TRL's output: ``prompt_ids``/``prompt_mask`` ``(B, P)`` left-padded, ``completion_ids``/
-                ``completion_mask`` ``(B, T)`` right-padded, ``advantages`` ``(B,)``, ``num_items_in_batch``
-                (0-dim), optional ``old_per_token_logps``/``ref_per_token_logps``/``sampling_per_token_logps``/
-                ``importance_sampling_ratio``/``tool_mask`` ``(B, T)``, and ``rewards`` ``(B,)`` (this rank's
-                weighted total reward, added by trl-ext).
-            inputs: the B dataset rows of this rank (dicts of the dataset's columns), in batch order.
-
-        Returns:
-            The transformed batch.
-        """
-        return batch
-
-    def after_scoring(self, batch: dict[str, Any], scope: BatchScope) -> dict[str, Any]:
+    def _run_scored_batch_hook(self, batch: dict[str, Any], scope: BatchScope) -> dict[str, Any]:
         batch["rewards"] = self._local_rewards(scope, len(scope.inputs))
         # Image fields per row (TRL's own split: flat pixel_values by image_grid_thw, image_sizes, several images a
-        # row...), so that the hook and the padding below index every value by row; joined back at the end, as TRL
-        # keeps them.
+        # row...), so that the hook and the padding index every value by row; joined back at the end, as TRL keeps
+        # them.
         batch = split_pixel_values_by_grid(batch)
         rows = batch["completion_ids"]
         batch = self.process_scored_batch(batch, scope.inputs)
-        if batch["completion_ids"] is not rows:
+        same_rows = batch["completion_ids"] is rows
+        if not same_rows:
             self._relog_sampling_metrics(batch)
         if batch.get("prefix_group") is None:
             # TRL's rows come in groups of num_generations completions of one prompt; changed rows name their own.
             num_rows = len(batch["completion_ids"])
-            same_rows = batch["completion_ids"] is rows
-            batch["prefix_group"] = torch.arange(num_rows, device=rows.device) // (
-                self.num_generations if same_rows else 1
-            )
+            group_size = self.num_generations if same_rows else 1
+            batch["prefix_group"] = torch.arange(num_rows, device=rows.device) // group_size
         return unsplit_pixel_values_by_grid(self._pad_rows(batch))
 
     def _relog_sampling_metrics(self, batch: dict[str, Any]) -> None:
@@ -242,12 +209,9 @@ class ExtGRPOTrainer(TRLSeam):
         is_ratio = batch.get("importance_sampling_ratio")
         if not (self.use_vllm and self.vllm_importance_sampling_correction) or sampling is None or old is None:
             return
-        mask = batch["completion_mask"]
-        if batch.get("tool_mask") is not None:
-            mask = mask * batch["tool_mask"]
         if is_ratio is None:
             is_ratio = torch.ones_like(old)
-        stats = sampling_mismatch(old, sampling, mask, is_ratio)
+        stats = sampling_mismatch(old, sampling, loss_mask(batch), is_ratio)
         gather = self.accelerator.gather
         values = {
             "sampling/sampling_logp_difference/mean": gather(stats["logp_diff_mean"]).mean(),
@@ -256,12 +220,8 @@ class ExtGRPOTrainer(TRLSeam):
             "sampling/importance_sampling_ratio/mean": gather(stats["is_ratio_mean"]).nanmean(),
             "sampling/importance_sampling_ratio/max": nanmax(gather(stats["is_ratio_max"])),
         }
-        metrics = self._metrics["train" if self.model.training else "eval"]
         for name, value in values.items():
-            if metrics.get(name):
-                metrics[name][-1] = value.item()  # replaces the value TRL appended for the old rows
-            else:
-                metrics[name].append(value.item())
+            self.relog_metric(name, value.item())
 
     def _local_rewards(self, scope: BatchScope, num_local: int) -> torch.Tensor:
         """This rank's rows of the weighted total reward TRL just computed, ``(B,)``; NaN where unscorable."""
@@ -271,45 +231,26 @@ class ExtGRPOTrainer(TRLSeam):
         total[torch.isnan(local).all(dim=1)] = float("nan")
         return total
 
-    # ------------------------------------------------------------------------------------------------------------
-    # Row bookkeeping
-    # ------------------------------------------------------------------------------------------------------------
     def _pad_rows(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """Validate the batch, pad its rows (no row dropped, equal counts on all ranks), recompute token counts."""
-        num_rows = _check_batch(batch)
-        mode = "train" if self.model.training else "eval"
-        chunks = self.args.steps_per_generation if mode == "train" else 1
-        if self.accelerator.num_processes > 1:
-            max_rows = int(
-                self.accelerator.gather(torch.tensor([num_rows], device=self.accelerator.device)).max().item()
-            )
-        else:
-            max_rows = num_rows
-        target = -(-max_rows // chunks) * chunks  # round up to a multiple of the number of micro-batches
-        num_padding = target - num_rows
+        """Check the batch, pad its rows (no row dropped, equal counts on all ranks), recompute token counts."""
+        num_rows = check_scored_batch(batch)
+        num_micro_batches = self.args.steps_per_generation if self.mode == "train" else 1
+        num_padding = padding_rows(num_rows, int(self.global_max(num_rows).item()), num_micro_batches)
         if num_padding:
-            if num_rows == 0:
-                raise ValueError(
-                    "process_scored_batch returned 0 rows on this rank: return at least one row (rows are padded "
-                    "by copying real rows with their loss masked)."
-                )
-            if self._entropy_bonus_enabled and self.loss_spec.normalization == "rows":
+            if self.entropy_bonus_enabled and self.loss_spec.normalization == "rows":
                 raise ValueError(
                     f"Padding rows with loss_type={self.loss_type!r} and TRL's entropy bonus would rescale the "
                     "bonus: set entropy_coef=0.0 (and use_adaptive_entropy=False), or use a token-normalised loss "
                     "(loss_type='dapo', 'bnpo' or 'ipo')."
                 )
-            batch = _pad_batch(batch, num_rows, num_padding)
-        padding = torch.zeros(target, dtype=torch.bool, device=batch["completion_mask"].device)
+            batch = pad_batch(batch, num_rows, num_padding)
+        padding = torch.zeros(num_rows + num_padding, dtype=torch.bool, device=batch["completion_mask"].device)
         padding[num_rows:] = True
         batch["is_padding_row"] = padding
-
-        loss_mask = batch["completion_mask"]
-        if batch.get("tool_mask") is not None:
-            loss_mask = loss_mask * batch["tool_mask"]
-        batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
-        total_padding = self.accelerator.gather(torch.tensor([num_padding], device=padding.device)).sum()
-        self._metrics[mode]["batch/padding_rows"].append(float(total_padding.item()))
+        batch["num_items_in_batch"] = self.accelerator.gather(loss_mask(batch).sum()).sum()
+        total_padding = self.global_sums(num_padding)[0].item()
+        for name in self.padding_metrics:
+            self.log_metric(name, total_padding)
         return batch
 
     # ------------------------------------------------------------------------------------------------------------
@@ -335,23 +276,18 @@ class ExtGRPOTrainer(TRLSeam):
             model, input_ids, attention_mask, logits_to_keep, compute_aux_loss, forward_kwargs
         )
         if packing is None:
-            return super().per_token_logps_and_entropies(
-                model,
-                input_ids,
-                attention_mask,
-                logits_to_keep,
-                batch_size,
-                compute_entropy,
-                compute_aux_loss,
-                **forward_kwargs,
-            )
+            options = (batch_size, compute_entropy, compute_aux_loss)
+            parent = super().per_token_logps_and_entropies
+            return parent(model, input_ids, attention_mask, logits_to_keep, *options, **forward_kwargs)
         logps, entropies = self._packed_pass(model, packing, compute_entropy)
         return logps, entropies, None
 
     def arrange_micro_batches(self, micro_batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if self._packing_mode() == "off" or any(micro_batches[0].get(key) is not None for key in _FORWARD_KEYS):
+        if self._packing_mode() == "off" or any(micro_batches[0].get(key) is not None for key in FORWARD_KEYS):
             return micro_batches  # image tensors are not indexed by row: keep TRL's split (and rows: no packing)
-        return group_micro_batches(micro_batches)  # rows that share a prefix in the same micro-batch
+        seed = random.Random(self.batch_random_key("micro-batches")).getrandbits(63)
+        generator = torch.Generator().manual_seed(seed)
+        return group_micro_batches(micro_batches, generator=generator)  # a prefix group in one micro-batch
 
     def _packing_mode(self) -> str:
         return getattr(self.args, "prefix_sharing", "off")  # a plain GRPOConfig: TRL's rows
@@ -368,32 +304,28 @@ class ExtGRPOTrainer(TRLSeam):
 
     def _plan_packing(self, model, input_ids, attention_mask, logits_to_keep, compute_aux_loss, forward_kwargs):
         """The packed layout of this log-prob pass, or None for TRL's rows (why: logged once)."""
-        if self._packing_mode() == "off" or self._packing_verified is False:
+        mode = self._packing_mode()
+        if mode == "off" or self._packing_verified is False:
             return None
-        attention = _attention_implementation(model)
-        if any(value is not None for value in forward_kwargs.values()):
-            return self._skip_packing("the batch has multimodal inputs")
-        if compute_aux_loss:
-            return self._skip_packing("the MoE router loss counts every token")
-        if self.is_fsdp_enabled or self.is_deepspeed_enabled:
-            return self._skip_packing("FSDP and DeepSpeed ranks would run different numbers of forwards")
-        if attention not in PACKABLE_ATTENTION:
-            return self._skip_packing(
-                f"attention implementation {attention!r} takes no custom mask (use one of {list(PACKABLE_ATTENTION)})"
-            )
+        obstacle = packing_obstacle(
+            multimodal=any(value is not None for value in forward_kwargs.values()),
+            router_loss=compute_aux_loss,
+            sharded=self.is_fsdp_enabled or self.is_deepspeed_enabled,
+            attention=_attention_implementation(model),
+        )
+        if obstacle is not None:
+            return self._skip_packing(obstacle)
         rows = rows_from_padded(input_ids, attention_mask, logits_to_keep)
         if rows is None:
             return self._skip_packing("the rows are not padded as TRL pads them (left prompts, right completions)")
         packing = pack_rows(*rows, completion_length=logits_to_keep, max_packed_tokens=self.args.max_packed_tokens)
-        ratio = packing.packed_tokens / input_ids.numel()
-        saved = input_ids.numel() - packing.packed_tokens
-        if self._packing_mode() == "auto" and (ratio > MAX_PACKED_TOKEN_RATIO or saved < MIN_SAVED_TOKENS):
+        if not worth_packing(mode, input_ids.numel(), packing.packed_tokens):
             return None
         if self._packing_verified is None and not self._verify_packing(
             model, input_ids, attention_mask, logits_to_keep, packing
         ):
             return None
-        self._metrics["train" if self.model.training else "eval"]["packing/token_ratio"].append(ratio)
+        self.log_metric("packing/token_ratio", packing.packed_tokens / input_ids.numel())
         return packing
 
     @torch.no_grad()
@@ -437,21 +369,21 @@ class ExtGRPOTrainer(TRLSeam):
     def _compute_registered_loss(self, model, inputs: dict[str, Any]) -> torch.Tensor:
         """A trl-ext loss of the registry on TRL's batch: log-probs from TRL's forward, the loss from the spec's pure
         function with ``loss_weights`` on each token's whole loss, normalised like ``dapo``."""
-        mode = "train" if self.model.training else "eval"
+        mode = self.mode
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-        mask = completion_mask if inputs.get("tool_mask") is None else completion_mask * inputs["tool_mask"]
+        mask = loss_mask(inputs)
 
-        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+        per_token_logps, entropies, aux_loss = self.per_token_logps_and_entropies(
             model,
             input_ids,
             attention_mask,
             completion_ids.size(1),
             compute_entropy=True,
             compute_aux_loss=self.aux_loss_enabled,
-            **{key: inputs.get(key) for key in _FORWARD_KEYS},
+            **{key: inputs.get(key) for key in FORWARD_KEYS},
         )
 
         # p_old: the generator's own log-probs (vLLM) when present, else TRL's old log-probs, else on-policy.
@@ -464,11 +396,11 @@ class ExtGRPOTrainer(TRLSeam):
         advantages = inputs["advantages"]
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(1)
-        loss_mask = mask
+        trained = mask
         if self.top_entropy_quantile < 1.0:
-            loss_mask = loss_mask * self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+            trained = trained * self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
         if self.off_policy_mask_threshold is not None:
-            loss_mask = loss_mask * self.get_off_policy_mask(
+            trained = trained * self.get_off_policy_mask(
                 advantages=advantages,
                 per_token_logps=per_token_logps,
                 sampling_per_token_logps=old_logps,
@@ -486,7 +418,7 @@ class ExtGRPOTrainer(TRLSeam):
             per_token_logps,
             old_logps,
             advantages,
-            loss_mask,
+            trained,
             normalizer=normalizer,
             weights=weights,
             **spec.settings_from(self.args),
@@ -500,28 +432,21 @@ class ExtGRPOTrainer(TRLSeam):
             # β·KL to the reference stays a plain token average for every loss type (TRL's fold the weights into
             # the advantages, which leaves it unweighted too): a regulariser, not part of the weighted objective.
             loss = loss + self.beta * (per_token_kl * mask).sum() / normalizer
-            self._metrics[mode]["kl"].append(self._global_mean((per_token_kl * mask).sum(), mask.sum()))
+            self.log_metric("kl", self._global_mean((per_token_kl * mask).sum(), mask.sum()))
         if self.aux_loss_enabled:
             accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
-            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
+            self.log_metric("aux_loss", self.accelerator.gather_for_metrics(aux_loss).mean().item())
 
-        self._metrics[mode]["entropy"].append(self._global_mean((entropies * mask).sum(), mask.sum()))
+        self.log_metric("entropy", self._global_mean((entropies * mask).sum(), mask.sum()))
         num_tokens = metrics.pop("num_tokens")
         for name, value in metrics.items():
-            self._metrics[mode][f"{spec.name}/{name}"].append(self._global_mean(value * num_tokens, num_tokens))
+            self.log_metric(f"{spec.name}/{name}", self._global_mean(value * num_tokens, num_tokens))
         return loss
 
     def _global_mean(self, local_sum: torch.Tensor, local_count: torch.Tensor) -> float:
-        totals = self.accelerator.reduce(
-            torch.stack([local_sum.detach().float(), local_count.detach().float()]), reduction="sum"
-        )
+        totals = self.global_sums(local_sum, local_count, dtype=torch.float32)
         return (totals[0] / totals[1].clamp(min=1.0)).item()
-
-
-# Multimodal / model-specific inputs TRL forwards to the model, when present: the parameters of TRL's log-prob
-# method after ``compute_aux_loss``.
-_FORWARD_KEYS = SEAM["_get_per_token_logps_and_entropies"][8:]
 
 
 def written_after(mode: str, record_step: int, start_step: int) -> bool:
@@ -534,35 +459,6 @@ def written_after(mode: str, record_step: int, start_step: int) -> bool:
     return record_step >= start_step if mode == "train" else record_step > start_step
 
 
-def prompt_cap(max_prompt_length: int | None, model, args) -> int | None:
-    """The prompt cap in tokens: ``max_prompt_length``, else the model's positions minus ``max_completion_length``.
-
-    None when neither is known. An explicit cap that, with the completion, overflows the model's positions is kept
-    but warned about (the model may extrapolate, e.g. with RoPE scaling; usually it is a mistake).
-    """
-    config = getattr(model, "config", None)
-    config = getattr(config, "text_config", None) or config  # vision-language models keep positions there
-    positions = getattr(config, "max_position_embeddings", None)
-    completion = getattr(args, "max_completion_length", None) or 0
-    if max_prompt_length is None:
-        if not positions:
-            return None
-        if positions <= completion:
-            raise ValueError(
-                f"max_completion_length={completion} leaves no room for a prompt in the model's {positions} positions: "
-                "lower max_completion_length."
-            )
-        return positions - completion
-    if positions and max_prompt_length + completion > positions:
-        logger.warning(
-            "max_prompt_length=%d + max_completion_length=%d is more than the model's %d positions.",
-            max_prompt_length,
-            completion,
-            positions,
-        )
-    return max_prompt_length
-
-
 def _without_ddp(model):
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
@@ -570,69 +466,6 @@ def _without_ddp(model):
 def _attention_implementation(model) -> str | None:
     config = getattr(_without_ddp(model), "config", None)
     return getattr(config, "_attn_implementation", None)
-
-
-def _check_batch(batch: dict[str, Any]) -> int:
-    """Check the invariants TRL's shuffle/split rely on; return the row count N."""
-    if "prompt_ids" not in batch or "completion_ids" not in batch:
-        raise ValueError("The batch must keep 'prompt_ids' and 'completion_ids' (TRL's loss reads them).")
-    first_key, first = next(iter(batch.items()))
-    if isinstance(first, torch.Tensor) and first.dim() == 0:
-        raise ValueError(
-            f"The first batch value ({first_key!r}) is 0-dim; TRL reads the row count from the first value: put a "
-            "row-indexed tensor (e.g. 'prompt_ids') first."
-        )
-    num_rows = batch["prompt_ids"].shape[0]
-    for key, value in batch.items():
-        if value is None or (isinstance(value, torch.Tensor) and value.dim() == 0):
-            continue
-        if len(value) != num_rows:
-            raise ValueError(
-                f"batch[{key!r}] has {len(value)} rows but 'prompt_ids' has {num_rows}: every value must be an "
-                "N-row tensor, a 0-dim tensor, a length-N list or None."
-            )
-    completion_shape = batch["completion_ids"].shape
-    advantages = batch["advantages"]
-    if advantages.shape not in ((num_rows,), completion_shape):
-        raise ValueError(
-            f"advantages must be (N,) or (N, T) = {tuple(completion_shape)} (aligned with completion_ids); got "
-            f"{tuple(advantages.shape)}."
-        )
-    weights = batch.get("loss_weights")
-    if weights is not None:
-        if weights.shape != completion_shape:
-            raise ValueError(
-                f"loss_weights must be (N, T) = {tuple(completion_shape)} like completion_ids; got "
-                f"{tuple(weights.shape)}."
-            )
-        if not torch.isfinite(weights).all() or (weights < 0).any():
-            raise ValueError("loss_weights must be finite and >= 0 (a weight multiplies a token's policy loss).")
-    return num_rows
-
-
-# Per-row values that must be zero on a padding row so that it carries no loss and no advantage.
-_ZEROED_ON_PADDING = ("completion_mask", "advantages", "loss_weights", "rewards")
-
-
-def _pad_batch(batch: dict[str, Any], num_rows: int, num_padding: int) -> dict[str, Any]:
-    """Append ``num_padding`` copies of real rows (cyclically) with their loss masked out.
-
-    Copies of real rows, not blank rows: a row whose attention mask is all zeros gives NaN log-probs, and
-    NaN × 0 is NaN in the loss sum.
-    """
-    source = torch.arange(num_padding) % num_rows
-    padded: dict[str, Any] = {}
-    for key, value in batch.items():
-        if value is None or (isinstance(value, torch.Tensor) and value.dim() == 0):
-            padded[key] = value
-        elif isinstance(value, torch.Tensor):
-            extra = value[source.to(value.device)].clone()
-            if key in _ZEROED_ON_PADDING:
-                extra.zero_()
-            padded[key] = torch.cat([value, extra])
-        else:
-            padded[key] = list(value) + [value[i] for i in source.tolist()]
-    return padded
 
 
 def _fold_loss_weights(inputs: dict[str, Any]) -> dict[str, Any]:

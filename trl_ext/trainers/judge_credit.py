@@ -22,32 +22,39 @@ one when every call of a batch failed, an error once that has lasted ``judge_out
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import inspect
-import json
 import logging
 import math
 import os
 import statistics
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..hub import METHODS
 from ..jsonl import rewrite_jsonl
 from ..judge.audit import JudgeAuditLog, text_hash
+from ..judge.batch import (
+    JudgeOutage,
+    PendingJudgement,
+    collect_verdict,
+    judge_fix,
+    optional_text,
+    prompt_text,
+    verdict_text,
+)
 from ..judge.client import AsyncChatClient, BackgroundEventLoop
 from ..judge.credit import cap_credit, per_token_advantages, span_credit
 from ..judge.judge import JudgeRequest, JudgeVerdict, SpanJudge, extract_final_answer
 from ..judge.markers import build_marked_trace
 from ..judge.tools import ReplSandbox
+from ..methods import METHODS
 from ..rlm.sandbox import isolation_report, resolve_isolation
 from ..text import last_user_text
+from .batch import loss_mask
 from .ext_grpo import ExtGRPOTrainer, written_after
 from .judge_credit_config import JudgeCreditConfig
 from .requirements import changed_settings, check_trainer_inputs
@@ -60,23 +67,11 @@ PROBE_TIMEOUT_S = 10.0  # the longest the start-up check of the judge endpoint m
 
 
 @dataclass
-class _PendingJudgement:
-    """Judge calls in flight for this rank's batch."""
-
-    requests: list[JudgeRequest]
-    futures: list[Future]
-    completion_ids: list[list[int]]  # judged tokens of each row (trailing EOS/pad removed)
-    verdicts_given: list[str]
-    prompt_hashes: list[str]
-    start_seconds: float = 0.0  # main-thread time spent marking the traces and submitting the calls
-
-
-@dataclass
 class JudgeBatchScope(BatchScope):
     """One generation batch of `JudgeCreditTrainer`: the judge calls in flight, and the verifier's rewards computed
     right after generation (reused when TRL scores the batch)."""
 
-    pending: _PendingJudgement | None = None
+    pending: PendingJudgement | None = None
     verifier_values: list[float] | None = None
 
 
@@ -115,10 +110,7 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
     # 2x, 4x, ... that many batches): by then the run is plain GRPO.
     judge_outage_loud_batches = 5
 
-    # TRL's model card (`create_model_card`, `push_to_hub`) from the method table `trl_ext.hub.METHODS`
-    _tag_names = METHODS["judge-credit"].tag_names
-    _name = METHODS["judge-credit"].name
-    _paper = METHODS["judge-credit"].paper
+    model_card = METHODS["judge-credit"]
 
     def __init__(self, model, reward_funcs=None, args: JudgeCreditConfig | None = None, *pargs, judge=None, **kwargs):
         if not isinstance(args, JudgeCreditConfig):
@@ -137,21 +129,8 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
         )
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         if judge is None:
-            request_params: dict[str, Any] = {"temperature": args.judge_temperature}
-            if args.judge_max_tokens is not None:
-                request_params["max_tokens"] = args.judge_max_tokens
-            client = AsyncChatClient(
-                args.judge_base_url,
-                args.judge_model,
-                api_key_env=args.judge_api_key_env,
-                max_concurrency=args.judge_max_concurrency,
-                timeout=args.judge_timeout,
-                max_retries=args.judge_max_retries,
-                structured_output=args.judge_structured_output,
-                request_params=request_params,
-            )
             judge = SpanJudge(
-                client,
+                AsyncChatClient.from_settings(args.judge_endpoint()),
                 label_scores=args.label_scores,
                 tools=args.judge_tools,
                 max_tool_rounds=args.judge_max_tool_rounds,
@@ -165,7 +144,7 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
             resolve_isolation(args.sandbox_limits())  # isolation="strict" fails now; "auto" warns once if weaker
             self.sandbox_info = isolation_report(args.sandbox_limits())  # written to the run info
         self._judge_loop = BackgroundEventLoop()
-        self._outage_batches = 0  # consecutive batches in which every judge call failed
+        self._outage = JudgeOutage(self.judge.client, log=logger)
         self._verdict_index = self._resolve_verdict_reward(args.judge_verdict_reward)
         self._probe_judge()
         self._audit: JudgeAuditLog | None = None
@@ -178,7 +157,7 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
         """Warn now when the judge endpoint does not answer or does not serve ``judge_model``.
 
         A warning, not an error: a judge that is down at start may come up later, and a failing judge never stops
-        training (its rollouts get zero credit, see `_report_judge_outage`).
+        training (its rollouts get zero credit, see `JudgeOutage`).
         """
         client = self.judge.client
         if not hasattr(client, "probe"):
@@ -195,7 +174,7 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
                 "answers every rollout gets zero judge credit (plain GRPO, counted in judge/failure_ratio). Fix: %s",
                 client.base_url,
                 error.detail,
-                _judge_fix(error.kind, error.status, client),
+                judge_fix(error.kind, error.status, client),
             )
         elif probe.models and client.model not in probe.models:
             logger.warning(
@@ -204,61 +183,6 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
                 client.base_url,
                 probe.models,
                 client.model,
-            )
-
-    def _report_judge_outage(self, verdicts: list[JudgeVerdict]) -> None:
-        """Log a batch in which every judge call failed, naming the endpoint, the error and the fix.
-
-        The first such batch gives a warning; `judge_outage_loud_batches` of them in a row an error (again at 2x,
-        4x, ... as many); the first batch with a verdict after an outage says so. Training goes on in every case.
-        """
-        if not verdicts:
-            return
-        failed = [verdict for verdict in verdicts if not verdict.ok]
-        client = self.judge.client
-        url, model = getattr(client, "base_url", "?"), getattr(client, "model", "?")
-        if len(failed) < len(verdicts):
-            if self._outage_batches:
-                logger.warning(
-                    "Judge at %s answers again (step %d) after %d batch(es) in which every call failed.",
-                    url,
-                    self.state.global_step,
-                    self._outage_batches,
-                )
-            self._outage_batches = 0
-            return
-        self._outage_batches += 1
-        batches, loud = self._outage_batches, max(1, self.judge_outage_loud_batches)
-        if batches != 1 and not (batches % loud == 0 and (batches // loud).bit_count() == 1):
-            return
-        counts = collections.Counter((v.error_kind, v.error_status, v.error or v.status) for v in failed)
-        (kind, status, error), count = counts.most_common(1)[0]
-        fix = _judge_fix(kind, status, client)
-        if batches < loud:
-            logger.warning(
-                "Every judge call of this batch failed (%d of %d, step %d) at %s (model %r); the most common error "
-                "(%d): %s. These rollouts get zero judge credit and keep their outcome advantage; training goes on "
-                "(judge/failure_ratio = 1.0). Fix: %s",
-                len(failed),
-                len(verdicts),
-                self.state.global_step,
-                url,
-                model,
-                count,
-                error,
-                fix,
-            )
-        else:
-            logger.error(
-                "Every judge call has failed for %d batches in a row (step %d): judge credit is OFF and this run is "
-                "training plain GRPO. Judge endpoint %s (model %r), last error: %s. Fix: %s Training goes on; "
-                "stop it if judge credit is what you want.",
-                batches,
-                self.state.global_step,
-                url,
-                model,
-                error,
-                fix,
             )
 
     @property
@@ -306,8 +230,7 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
     def on_batch_end(self, scope: JudgeBatchScope) -> None:
         super().on_batch_end(scope)
         if scope.pending is not None:  # an exception left calls in flight: do not leak them into the next batch
-            for future in scope.pending.futures:
-                future.cancel()
+            scope.pending.cancel()
 
     def on_generated(self, prompts: list, generated: GeneratedBatch, scope: JudgeBatchScope) -> None:
         """Run the verifier and start the judge on the raw rollouts, before TRL decodes and scores them."""
@@ -319,7 +242,7 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
             scope.verifier_values = values
             name = self.reward_func_names[self._verdict_index]
             scope.pending = self._start_judge(
-                prompts, generated.completion_ids, scope.inputs, [_verdict_text(name, v) for v in values]
+                prompts, generated.completion_ids, scope.inputs, [verdict_text(name, v) for v in values]
             )
 
     def _run_verifier(
@@ -336,7 +259,7 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
                     row[key] = values
         keys = [key for key in rows[0] if key not in ("prompt", "completion", "completion_ids")]
         kwargs: dict[str, Any] = {key: [row.get(key) for row in rows] for key in keys}
-        kwargs.update(trainer_state=self.state, log_extra=self._log_completion_extra, log_metric=self._log_metric)
+        kwargs.update(trainer_state=self.state, **self.reward_logging_kwargs())
         if self.environments is not None:
             kwargs["environments"] = self.environments
         func = self.reward_funcs[self._verdict_index]
@@ -370,39 +293,39 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
             scope.rewards_per_func = rewards_per_func
             totals = self._local_rewards(scope, len(prompts)).tolist()
             scope.pending = self._start_judge(
-                prompts, completion_ids_list, inputs, [_verdict_text("reward", v) for v in totals]
+                prompts, completion_ids_list, inputs, [verdict_text("reward", v) for v in totals]
             )
         return rewards_per_func
 
     def _start_judge(
         self, prompts: list, completion_ids_list: list, rows: list[dict[str, Any]], verdicts: list[str]
-    ) -> _PendingJudgement:
+    ) -> PendingJudgement:
         started = time.perf_counter()
-        stop_ids = {*self.eos_token_ids, self._tokenizer.pad_token_id}
+        stop_ids = {*self.eos_token_ids, self.tokenizer.pad_token_id}
         requests, judged_ids = [], []
         for prompt, ids, row, verdict in zip(prompts, completion_ids_list, rows, verdicts, strict=True):
             ids = [int(t) for t in (ids.tolist() if hasattr(ids, "tolist") else ids)]
             while ids and ids[-1] in stop_ids:  # the judge reads the text, not the end-of-sequence tokens
                 ids.pop()
-            trace = build_marked_trace(self._tokenizer, ids, every=self.args.marker_every)
+            trace = build_marked_trace(self.tokenizer, ids, every=self.args.marker_every)
             requests.append(
                 JudgeRequest(
                     trace=trace,
                     question=last_user_text(prompt),
                     final_answer=extract_final_answer(trace.text),
                     verdict=verdict,
-                    reference_answer=_optional_text(row.get(self.args.judge_answer_column)),
-                    reference_solution=_optional_text(row.get(self.args.judge_solution_column)),
+                    reference_answer=optional_text(row.get(self.args.judge_answer_column)),
+                    reference_solution=optional_text(row.get(self.args.judge_solution_column)),
                 )
             )
             judged_ids.append(ids)
         futures = [self._judge_loop.submit(self.judge.judge(request)) for request in requests]
-        return _PendingJudgement(
+        return PendingJudgement(
             requests=requests,
             futures=futures,
             completion_ids=judged_ids,
             verdicts_given=verdicts,
-            prompt_hashes=[text_hash(_prompt_text(p)) for p in prompts],
+            prompt_hashes=[text_hash(prompt_text(p)) for p in prompts],
             start_seconds=time.perf_counter() - started,
         )
 
@@ -415,64 +338,53 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
         if not self._judging():
             return batch
         entered = time.perf_counter()
-        mode = "train" if self.model.training else "eval"
-        completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]
+        completion_ids = batch["completion_ids"]
         num_rows, length = completion_ids.shape
         scope = self.batch_scope
         pending, scope.pending = scope.pending, None
-        if pending is None or not self._aligned(pending, completion_ids):
+        if pending is None or not pending.matches(completion_ids):
             if pending is not None:
                 logger.warning("Judge calls do not match the scored batch's rows; judging the batch again.")
-                for future in pending.futures:
-                    future.cancel()
+                pending.cancel()
             pending = self._judge_from_batch(batch, inputs)
 
         waited = time.perf_counter()
-        verdicts = [_collect(future) for future in pending.futures]
+        verdicts = [collect_verdict(future) for future in pending.futures]
         waited = time.perf_counter() - waited
 
         credit = torch.zeros(num_rows, length, dtype=torch.float32)
         for row, verdict in enumerate(verdicts):
             if verdict.ok and verdict.spans:
                 credit[row] = span_credit(verdict.spans, length, self.judge.label_scores)
-        loss_mask = completion_mask if batch.get("tool_mask") is None else completion_mask * batch["tool_mask"]
+        trained = loss_mask(batch)
         # The cap's mean |c| runs over the tokens the judge read: the trailing EOS/pad it never sees is left out.
-        judged = torch.zeros(num_rows, length, dtype=loss_mask.dtype)
+        judged = torch.zeros(num_rows, length, dtype=trained.dtype)
         for row, ids in enumerate(pending.completion_ids):
             judged[row, : len(ids)] = 1
-        credit = cap_credit(credit, loss_mask.cpu() * judged, self.args.judge_lambda)
+        credit = cap_credit(credit, trained.cpu() * judged, self.args.judge_lambda)
         advantages = batch["advantages"]
         credit = credit.to(device=advantages.device, dtype=advantages.dtype)
         if advantages.dim() == 1:
             batch["advantages"] = per_token_advantages(advantages, credit)
         else:  # an earlier hook already made them per-token
             batch["advantages"] = advantages + credit
-        self._write_audit(mode, pending, verdicts)
-        self._report_judge_outage(verdicts)
+        self._write_audit(pending, verdicts)
+        self._outage.report(verdicts, self.state.global_step, self.judge_outage_loud_batches)
         blocking = pending.start_seconds + time.perf_counter() - entered
-        self._log_judge_metrics(mode, advantages, credit, loss_mask, verdicts, waited, blocking)
+        self._log_judge_metrics(advantages, credit, trained, verdicts, waited, blocking)
         return batch
 
-    def _aligned(self, pending: _PendingJudgement, completion_ids: torch.Tensor) -> bool:
-        if len(pending.futures) != completion_ids.shape[0]:
-            return False
-        for row, ids in enumerate(pending.completion_ids):
-            if len(ids) > completion_ids.shape[1] or completion_ids[row, : len(ids)].tolist() != ids:
-                return False
-        return True
-
-    def _judge_from_batch(self, batch: dict[str, Any], inputs: list[dict[str, Any]]) -> _PendingJudgement:
+    def _judge_from_batch(self, batch: dict[str, Any], inputs: list[dict[str, Any]]) -> PendingJudgement:
         """Start the judge from the scored batch itself (when the early start did not happen or does not match)."""
         mask = batch["completion_mask"].bool()
         ids = [row[m].tolist() for row, m in zip(batch["completion_ids"], mask)]
         rewards = batch.get("rewards")
         totals = rewards.tolist() if rewards is not None else [math.nan] * len(ids)
         prompts = [row.get("prompt", "") for row in inputs]
-        return self._start_judge(prompts, ids, inputs, [_verdict_text("reward", v) for v in totals])
+        return self._start_judge(prompts, ids, inputs, [verdict_text("reward", v) for v in totals])
 
     def _log_judge_metrics(
         self,
-        mode: str,
         advantages: torch.Tensor,
         credit: torch.Tensor,
         mask: torch.Tensor,
@@ -480,44 +392,35 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
         waited: float,
         blocking: float,
     ) -> None:
-        device = self.accelerator.device
         keep = mask.to(device=credit.device, dtype=credit.dtype)
         outcome = advantages.abs() if advantages.dim() == 2 else advantages.abs().unsqueeze(1)
         labels = list(self.judge.label_scores)
-        valid = sum(len(v.spans) for v in verdicts)
-        dropped = sum(len(v.dropped) for v in verdicts)
-        counts = [sum(1 for v in verdicts for s in v.spans if s.label == label) for label in labels]
-        local = torch.tensor(
-            [
-                float((credit.abs() * keep).sum()),
-                float((outcome.to(credit.dtype) * keep).sum()),
-                float(len(verdicts)),
-                float(valid),
-                float(dropped),
-                float(sum(not v.ok for v in verdicts)),
-                waited,
-                blocking,
-                *map(float, counts),
-            ],
-            device=device,
+        sums = self.global_sums(
+            (credit.abs() * keep).sum(),
+            (outcome.to(credit.dtype) * keep).sum(),
+            len(verdicts),
+            sum(len(v.spans) for v in verdicts),
+            sum(len(v.dropped) for v in verdicts),
+            sum(not v.ok for v in verdicts),
+            *[sum(1 for v in verdicts for s in v.spans if s.label == label) for label in labels],
+            dtype=torch.float32,
         )
-        totals = self.accelerator.gather(local.unsqueeze(0)).view(-1, local.numel())
-        summed = totals.sum(dim=0).tolist()
-        credit_mass, outcome_mass, rollouts, valid, dropped, failures = summed[:6]
+        credit_mass, outcome_mass, rollouts, valid, dropped, failures, *label_counts = sums.tolist()
+        wait_s, blocking_s = self.global_max(waited, blocking).tolist()
+        device = self.accelerator.device
         latencies = self.accelerator.gather(torch.tensor([v.latency_s for v in verdicts], device=device)).tolist()
-        metrics = self._metrics[mode]
         total_mass = credit_mass + outcome_mass
-        metrics["judge/share"].append(credit_mass / total_mass if total_mass > 0 else 0.0)
-        metrics["judge/spans_per_rollout"].append(valid / max(rollouts, 1.0))
-        metrics["judge/invalid_span_ratio"].append(dropped / (valid + dropped) if valid + dropped else 0.0)
-        metrics["judge/failure_ratio"].append(failures / max(rollouts, 1.0))
-        metrics["judge/latency_p50"].append(statistics.median(latencies) if latencies else 0.0)
-        metrics["judge/wait_s"].append(float(totals[:, 6].max()))
-        metrics["judge/blocking_s"].append(float(totals[:, 7].max()))
-        for label, count in zip(labels, summed[8:]):
-            metrics[f"judge/label/{label}"].append(count)
+        self.log_metric("judge/share", credit_mass / total_mass if total_mass > 0 else 0.0)
+        self.log_metric("judge/spans_per_rollout", valid / max(rollouts, 1.0))
+        self.log_metric("judge/invalid_span_ratio", dropped / (valid + dropped) if valid + dropped else 0.0)
+        self.log_metric("judge/failure_ratio", failures / max(rollouts, 1.0))
+        self.log_metric("judge/latency_p50", statistics.median(latencies) if latencies else 0.0)
+        self.log_metric("judge/wait_s", wait_s)
+        self.log_metric("judge/blocking_s", blocking_s)
+        for label, count in zip(labels, label_counts):
+            self.log_metric(f"judge/label/{label}", count)
 
-    def _write_audit(self, mode: str, pending: _PendingJudgement, verdicts: list[JudgeVerdict]) -> None:
+    def _write_audit(self, pending: PendingJudgement, verdicts: list[JudgeVerdict]) -> None:
         if self._audit is None:
             return
         records = []
@@ -525,7 +428,7 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
             records.append(
                 {
                     "step": self.state.global_step,
-                    "mode": mode,
+                    "mode": self.mode,
                     "rank": self.accelerator.process_index,
                     "row": row,
                     "prompt_hash": pending.prompt_hashes[row],
@@ -546,73 +449,5 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
             )
 
 
-def _judge_fix(kind: str | None, status: int | None, client: Any) -> str:
-    """What to change for a judge call that failed with this `ChatCallError` kind (and HTTP status)."""
-    url, model = getattr(client, "base_url", "?"), getattr(client, "model", "?")
-    if kind == "connection":
-        return (
-            f"nothing answers at {url}: start the judge server (e.g. `vllm serve {model} --port 8000`) or set "
-            "judge_base_url to the endpoint that serves it (OpenAI-compatible, usually ending in /v1)."
-        )
-    if kind == "timeout":
-        return (
-            f"the endpoint took longer than judge_timeout={getattr(client, 'timeout', '?')} s: check that it is not "
-            "overloaded, raise judge_timeout or lower judge_max_concurrency."
-        )
-    if kind == "rate_limit":
-        return "the endpoint rate-limits the judge (HTTP 429): lower judge_max_concurrency or raise judge_max_retries."
-    if kind == "client_error" and status in (401, 403):
-        return (
-            f"the endpoint refused the API key (HTTP {status}): put the key in the environment variable named by "
-            f"judge_api_key_env (now {getattr(client, 'api_key_env', None)!r})."
-        )
-    if kind == "client_error" and status == 404:
-        return (
-            f"HTTP 404: check that judge_base_url={url!r} is the OpenAI-compatible root (usually ending in /v1) and "
-            f"that judge_model={model!r} is a model it serves."
-        )
-    if kind == "client_error":
-        return f"the endpoint rejected the request (HTTP {status}): check judge_model={model!r} and judge_max_tokens."
-    if kind == "server_error":
-        return f"the judge server fails (HTTP {status}): check its logs."
-    if kind == "bad_response":
-        return f"the replies of {url} are not chat completions: point judge_base_url at an OpenAI-compatible endpoint."
-    if kind == "unparseable":
-        return (
-            "the judge answers without a span list: use a stronger judge model, or judge_structured_output='on' "
-            "where the endpoint supports JSON-schema output."
-        )
-    return "see the judge's error above (its traceback is logged where the judge crashed) and judge_audit.jsonl."
-
-
-def _collect(future: Future) -> JudgeVerdict:
-    try:
-        return future.result()
-    except Exception as error:  # SpanJudge.judge does not raise; this guards against cancellation or a bug
-        logger.warning("A judge call ended with %r; the rollout gets zero credit.", error)
-        return JudgeVerdict(status="failed", error=f"{type(error).__name__}: {error}", error_kind="internal")
-
-
 def _is_async(func: Any) -> bool:
     return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
-
-
-def _verdict_text(name: str, value: float) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return f"{name}: not scored"
-    return f"{name} = {value:g} (the trainer's score of this rollout; higher is better)"
-
-
-def _prompt_text(prompt: Any) -> str:
-    if isinstance(prompt, list):
-        return json.dumps(
-            [m if isinstance(m, dict) else str(m) for m in prompt], ensure_ascii=False, sort_keys=True, default=str
-        )
-    return str(prompt)
-
-
-def _optional_text(value: Any) -> str | None:
-    if value is None:
-        return None
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-    return text if text.strip() else None

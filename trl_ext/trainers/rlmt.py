@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..hub import METHODS
+from ..methods import METHODS
 from ..rewards.rlmt import (
     ORIGINAL_PROMPT_COLUMN,
     RewardModelScorer,
@@ -39,6 +39,11 @@ from .rlmt_config import RLMTConfig
 from .trl_seam import BatchScope
 
 logger = logging.getLogger(__name__)
+
+# RewardModelScorer's loading settings, each the config's reward_model_<name> field.
+_SCORER_LOADING = ("device", "dtype", "batch_size", "max_length")
+# RewardModelScorer's settings of the format, each the config's field of the same name.
+_SCORER_FORMAT_SETTINGS = ("malformed_reward", "malformed_margin", "starts_in_thinking")
 
 
 @dataclass
@@ -61,10 +66,7 @@ class RLMTTrainer(ExtGRPOTrainer):
     ``<scorer name>/malformed_ratio`` and ``<scorer name>/response_score_mean``.
     """
 
-    # TRL's model card (`create_model_card`, `push_to_hub`) from the method table `trl_ext.hub.METHODS`
-    _tag_names = METHODS["rlmt"].tag_names
-    _name = METHODS["rlmt"].name
-    _paper = METHODS["rlmt"].paper
+    model_card = METHODS["rlmt"]
 
     batch_scope_class = RLMTBatchScope
 
@@ -92,18 +94,16 @@ class RLMTTrainer(ExtGRPOTrainer):
                     "RLMTTrainer has no reward: set RLMTConfig(reward_model_name_or_path=...) or pass reward_funcs "
                     "(e.g. a RewardModelScorer or ServedRewardModelScorer)."
                 )
+            # The scorer's settings: reward_model_<name> fields, and the format's fields of the same name.
+            loading = {name: getattr(args, f"reward_model_{name}") for name in _SCORER_LOADING}
+            scoring = {name: getattr(args, name) for name in _SCORER_FORMAT_SETTINGS}
             reward_funcs = RewardModelScorer(
                 args.reward_model_name_or_path,
                 format=args.rlmt_format,
                 strict=args.strict_format,
-                malformed_reward=args.malformed_reward,
-                malformed_margin=args.malformed_margin,
-                starts_in_thinking=args.starts_in_thinking,
-                device=args.reward_model_device,
-                dtype=args.reward_model_dtype,
-                batch_size=args.reward_model_batch_size,
-                max_length=args.reward_model_max_length,
                 system_prompt=args.rlmt_system_prompt,
+                **scoring,
+                **loading,
             )
         for func in reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]:
             if isinstance(func, (str, torch.nn.Module)):
@@ -146,7 +146,7 @@ class RLMTTrainer(ExtGRPOTrainer):
         stops = self.args.stop_strings
         if not stops:
             return completion_ids, logprobs
-        tokenizer = getattr(self, "_tokenizer", None) or self.processing_class
+        tokenizer = self.tokenizer
         cut_count = 0
         new_ids, new_logprobs = [], [] if logprobs is not None else None
         for row, ids in enumerate(completion_ids):
@@ -165,13 +165,11 @@ class RLMTTrainer(ExtGRPOTrainer):
         scope.stop_total += len(completion_ids)
         return new_ids, new_logprobs
 
-    def after_scoring(self, batch: dict[str, Any], scope: RLMTBatchScope) -> dict[str, Any]:
-        batch = super().after_scoring(batch, scope)
+    def process_scored_batch(self, batch: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """Log ``rlmt/stop_cut_ratio``: the completions of this batch cut at a stop string (all ranks)."""
+        batch = super().process_scored_batch(batch, inputs)
         if self.args.stop_strings:
-            mode = "train" if self.model.training else "eval"
-            counts = torch.tensor(
-                [scope.stop_cut, scope.stop_total], dtype=torch.float32, device=self.accelerator.device
-            )
-            totals = self.accelerator.reduce(counts, reduction="sum")
-            self._metrics[mode]["rlmt/stop_cut_ratio"].append((totals[0] / totals[1].clamp(min=1.0)).item())
+            scope = self.batch_scope
+            totals = self.global_sums(scope.stop_cut, scope.stop_total, dtype=torch.float32)
+            self.log_metric("rlmt/stop_cut_ratio", (totals[0] / totals[1].clamp(min=1.0)).item())
         return batch

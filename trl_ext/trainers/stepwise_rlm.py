@@ -9,7 +9,8 @@ Flow of one generation batch (each rank, its own B = prompts × G rows):
 3. `process_scored_batch` replaces the B rows by one row per turn of every trained node: prompt = the exact ids
    the generator saw, completion = the action. Every row inherits its root's advantage; under the "subtree"
    normalisation its tokens carry ``W(v)/n_v`` so that the loss is ``mean_g L_subtree(root_g)``. Old, reference and
-   sampling log-probs are rebuilt for the new rows (turn prompts are not prefixes of each other).
+   sampling log-probs are computed for the new rows (turn prompts are not prefixes of each other); TRL's passes over
+   the B placeholder rows are skipped (``RLMBatchScope.replaces_rows``).
 4. `ExtGRPOTrainer` pads the rows (none dropped, equal on all ranks) and computes the loss.
 """
 
@@ -30,9 +31,9 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad, use_adapter
 
 from ..advantages import broadcast_advantages, stepwise_loss_weights
-from ..hub import METHODS
 from ..jsonl import append_jsonl
 from ..losses import importance_sampling_ratio
+from ..methods import METHODS
 from ..rlm import EngineStats, RLMEngine, RLMTask, RolloutTree, canonical_rollout_order
 from ..rlm.generators import (
     CanonicalOrderGenerator,
@@ -52,10 +53,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class RLMBatchScope(BatchScope):
-    """One generation batch of `StepwiseRLMTrainer`: the rollout trees (in batch order) and the engine's counters."""
+    """One generation batch of `StepwiseRLMTrainer`: the rollout trees (in batch order) and the engine's counters.
+
+    Every row TRL builds (one placeholder per root) is replaced by the turn rows, so TRL computes no log-probs for
+    them."""
 
     trees: list[RolloutTree] = field(default_factory=list)
     stats: EngineStats | None = None
+    replaces_rows: bool = True
 
 
 class StepwiseRLMTrainer(ExtGRPOTrainer):
@@ -80,12 +85,9 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
     prompts.
     """
 
-    # TRL's model card (`create_model_card`, `push_to_hub`) from the method table `trl_ext.hub.METHODS`
-    _tag_names = METHODS["stepwise-rlm"].tag_names
-    _name = METHODS["stepwise-rlm"].name
-    _paper = METHODS["stepwise-rlm"].paper
-
+    model_card = METHODS["stepwise-rlm"]
     batch_scope_class = RLMBatchScope
+    padding_metrics = ("batch/padding_rows", "rlm/padding_rows")
 
     def __init__(self, model, reward_funcs=None, args: StepwiseRLMConfig | None = None, *pargs, **kwargs):
         if kwargs.get("rollout_func") is not None:
@@ -113,7 +115,6 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
             self._rlm_config = dataclasses.replace(self._rlm_config, max_prompt_tokens=self.max_prompt_length)
         resolve_isolation(self._rlm_config.sandbox)  # isolation="strict" fails now; "auto" warns once if weaker
         self.sandbox_info = isolation_report(self._rlm_config.sandbox)  # written to the run info
-        self._draws = ((None, -1), 0)  # ((mode, global step), batches drawn there) of child sampling
         self.last_rollout_trees: list[RolloutTree] = []  # the trees of the last generation batch (for inspection)
 
     # ------------------------------------------------------------------------------------------------ rollouts
@@ -158,7 +159,7 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
             for answer in answers
         ]
         if self.args.save_rollout_trees:
-            self._log_completion_extra("rlm_tree", self._save_trees(trees))
+            self.log_completion_column("rlm_tree", self._save_trees(trees))
         return {
             "prompt_ids": [tree.root.turns[0].prompt_ids if tree.root.turns else [eos] for tree in trees],
             "completion_ids": completion_ids,
@@ -187,8 +188,7 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
         ``path#line`` reference (0-based line) per tree for the log table, or ``"not saved: <reason>"`` per tree when
         the file cannot be written (a warning; training goes on)."""
         folder = Path(self.args.output_dir) / "rlm_trees"
-        mode = "train" if self.model.training else "eval"
-        path = folder / f"{mode}-step{self.state.global_step:06d}-rank{self.accelerator.process_index}.jsonl"
+        path = folder / f"{self.mode}-step{self.state.global_step:06d}-rank{self.accelerator.process_index}.jsonl"
         try:
             start = append_jsonl(path, [tree.to_dict(self.processing_class) for tree in trees])
         except OSError as error:
@@ -216,8 +216,7 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
         device = batch["completion_ids"].device
         pad_id = self.processing_class.pad_token_id
         rows = self._turn_rows(trees)
-        mode = "train" if self.model.training else "eval"
-        self._log_rlm_metrics(trees, scope.stats, len(rows), mode)
+        self._log_rlm_metrics(trees, scope.stats, len(rows))
 
         prompt_ids = pad([torch.tensor(r["prompt_ids"]) for r in rows], padding_value=pad_id, padding_side="left")
         completion_ids = pad([torch.tensor(r["action_ids"]) for r in rows], padding_value=pad_id)
@@ -255,13 +254,8 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
     def child_sampling_rng(self) -> random.Random:
         """The generator of this batch's ``child_sampling="one"`` draws: a function of the seed, the rank, the mode,
         the global step and how many batches this step drew before, so a resumed run draws what the uninterrupted
-        run would have, without a generator state to checkpoint."""
-        mode = "train" if self.model.training else "eval"
-        key, count = self._draws
-        count = count + 1 if key == (mode, self.state.global_step) else 0
-        self._draws = ((mode, self.state.global_step), count)
-        rank = self.accelerator.process_index
-        return random.Random(f"trl-ext/child-sampling/{self.args.seed}/{rank}/{mode}/{self.state.global_step}/{count}")
+        run would have, without a generator state to checkpoint (`batch_random_key`)."""
+        return random.Random(self.batch_random_key("child-sampling"))
 
     def _turn_rows(self, trees: list[RolloutTree]) -> list[dict[str, Any]]:
         """One dict per turn of every trained node, with its root index, node weight and node token count."""
@@ -303,7 +297,7 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
 
         def logps(model) -> torch.Tensor:
             with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-                return self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, length, batch_size)[0]
+                return self.per_token_logps_and_entropies(model, input_ids, attention_mask, length, batch_size)[0]
 
         if old_batch.get("old_per_token_logps") is not None:
             new["old_per_token_logps"] = logps(self.model)
@@ -326,10 +320,10 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
                 clip_max=self.vllm_importance_sampling_clip_max,
             )
 
-    def _log_rlm_metrics(self, trees: list[RolloutTree], stats: EngineStats, num_rows: int, mode: str) -> None:
+    def _log_rlm_metrics(self, trees: list[RolloutTree], stats: EngineStats, num_rows: int) -> None:
         nodes = sum(len(tree.nodes) for tree in trees)
-        local = torch.tensor(
-            [
+        sums = self.global_sums(
+            *[
                 len(trees),
                 nodes,
                 sum(len(node.turns) for tree in trees for node in tree.nodes),
@@ -344,9 +338,7 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
                 stats.truncated_answers,
                 stats.prompt_too_long,
                 stats.refused_queries,
-            ],
-            dtype=torch.float64,
-            device=self.accelerator.device,
+            ]
         )
         (
             roots,
@@ -363,28 +355,21 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
             truncated,
             too_long,
             refused,
-        ) = self.accelerator.gather(local.unsqueeze(0)).sum(0).tolist()
-        depth = torch.tensor(max(node.depth for tree in trees for node in tree.nodes), device=local.device)
-        metrics = self._metrics[mode]
-        metrics["rlm/turns_mean"].append(turns / nodes)
-        metrics["rlm/children_mean"].append(children / roots)
+        ) = sums.tolist()
+        depth = max(node.depth for tree in trees for node in tree.nodes)
+        self.log_metric("rlm/turns_mean", turns / nodes)
+        self.log_metric("rlm/children_mean", children / roots)
         if children:  # logged on the steps that started children (no value rather than a made-up one)
-            metrics["rlm/child_answer_rate"].append(children_answered / children)
-        metrics["rlm/depth_max"].append(float(self.accelerator.gather(depth).max().item()))
-        metrics["rlm/rows_per_root"].append(rows / roots)
-        metrics["rlm/final_answer_rate"].append(answered / roots)
-        metrics["repl/error_rate"].append(errors / cells if cells else 0.0)
-        metrics["repl/timeout_rate"].append(timeouts / cells if cells else 0.0)
-        metrics["repl/crash_rate"].append(crashes / cells if cells else 0.0)
-        metrics["repl/truncated_answers"].append(truncated)
-        metrics["rlm/prompt_too_long"].append(too_long)
-        metrics["rlm/refused_queries"].append(refused)
-
-    def _pad_rows(self, batch: dict[str, Any]) -> dict[str, Any]:
-        batch = super()._pad_rows(batch)
-        mode = "train" if self.model.training else "eval"
-        self._metrics[mode]["rlm/padding_rows"].append(self._metrics[mode]["batch/padding_rows"][-1])
-        return batch
+            self.log_metric("rlm/child_answer_rate", children_answered / children)
+        self.log_metric("rlm/depth_max", self.global_max(depth).item())
+        self.log_metric("rlm/rows_per_root", rows / roots)
+        self.log_metric("rlm/final_answer_rate", answered / roots)
+        self.log_metric("repl/error_rate", errors / cells if cells else 0.0)
+        self.log_metric("repl/timeout_rate", timeouts / cells if cells else 0.0)
+        self.log_metric("repl/crash_rate", crashes / cells if cells else 0.0)
+        self.log_metric("repl/truncated_answers", truncated)
+        self.log_metric("rlm/prompt_too_long", too_long)
+        self.log_metric("rlm/refused_queries", refused)
 
 
 _TREE_FILE = re.compile(r"(?P<mode>train|eval)-step(?P<step>\d+)-rank\d+\.jsonl")
