@@ -10,6 +10,8 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it; resolved lazily so `trl-ext --version` and the pure math stay fast.
 _LAZY = {
+    "ExtAsyncGRPOConfig": "trl_ext.trainers",
+    "ExtAsyncGRPOTrainer": "trl_ext.trainers",
     "ExtGRPOConfig": "trl_ext.trainers",
     "ExtGRPOTrainer": "trl_ext.trainers",
     "ipo_keep_mask": "trl_ext.losses",

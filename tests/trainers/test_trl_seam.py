@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from trl import GRPOTrainer
+from trl.experimental.async_grpo import AsyncGRPOTrainer, async_grpo_trainer, packing
 from trl.generation.vllm_generation import VLLMGeneration
 
 import trl_ext
@@ -99,10 +100,14 @@ def test_check_trl_checks_the_private_attributes_the_seam_touches(monkeypatch):
 
 # ---------------------------------------------------------------------------------- the seam is closed for attributes
 def _trl_private_names() -> set[str]:
-    """The private names TRL's GRPOTrainer and transformers' Trainer define: class attributes, methods, and the
-    ``self._x = ...`` assignments in their source."""
-    names: set[str] = set()
-    for cls in GRPOTrainer.__mro__:
+    """The private names TRL's GRPOTrainer, its experimental AsyncGRPOTrainer and transformers' Trainer define: class
+    attributes, methods, and the ``self._x = ...`` assignments in their source; and the private module attributes of
+    the async trainer's modules (``packing._flash_attn``)."""
+    names: set[str] = {
+        name for module in (async_grpo_trainer, packing) for name in vars(module) if name.startswith("_")
+    }
+    names -= {name for name in names if name.startswith("__")}
+    for cls in dict.fromkeys((*GRPOTrainer.__mro__, *AsyncGRPOTrainer.__mro__)):
         if not cls.__module__.startswith(("trl.", "transformers.")):
             continue
         names |= {name for name in vars(cls) if name.startswith("_") and not name.startswith("__")}
@@ -113,14 +118,19 @@ def _trl_private_names() -> set[str]:
     return names
 
 
+_OWNERS = ("self", "cls", "trainer", "GRPOTrainer", "AsyncGRPOTrainer", "packing", "async_grpo_trainer")
+
+
 def private_trl_uses(source: str, trl_names: set[str]) -> list[str]:
-    """``line: expression`` of each place ``source`` names a private TRL name: ``self._x``, ``trainer._x``,
-    ``super()._x`` or ``GRPOTrainer._x`` (read or written), and class-body names that shadow one."""
+    """``line: expression`` of each place ``source`` names a private TRL name: ``self._x``, ``cls._x``,
+    ``trainer._x``, ``super()._x``, ``GRPOTrainer._x``, ``AsyncGRPOTrainer._x`` or a private attribute of the async
+    trainer's modules (``packing._x``, ``async_grpo_trainer._x``), read or written, and class-body names that shadow
+    one."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Attribute) and node.attr in trl_names:
             owner = node.value
-            if (isinstance(owner, ast.Name) and owner.id in ("self", "trainer", "GRPOTrainer")) or (
+            if (isinstance(owner, ast.Name) and owner.id in _OWNERS) or (
                 isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super"
             ):
                 found.append(f"{node.lineno}: {ast.unparse(node)}")
@@ -135,24 +145,27 @@ def private_trl_uses(source: str, trl_names: set[str]) -> list[str]:
 
 
 def test_nothing_outside_the_seam_names_a_private_trl_attribute():
-    """Only `trl_ext.trainers.trl_seam` reaches TRL's private state: a TRL bump then fails at `check_trl`, at
-    import, instead of at a metric KeyError in training."""
+    """Only `trl_ext.trainers.trl_seam` (and `async_seam`, for TRL's experimental async trainer) reaches TRL's
+    private state: a TRL bump then fails at `check_trl` / `check_trl_async`, at import, instead of at a metric
+    KeyError in training."""
     trl_names = _trl_private_names()
     assert {"_metrics", "_buffered_inputs", "_tokenizer", "_log_completion_extra"} <= trl_names
+    assert {"_step_forward_tokens", "_flash_attn"} <= trl_names  # the async trainer's
     package = Path(trl_ext.__file__).parent
-    seam = package / "trainers" / "trl_seam"
+    seams = (package / "trainers" / "trl_seam", package / "trainers" / "async_seam")
     offenders = {
         str(path.relative_to(package)): uses
         for path in sorted(package.rglob("*.py"))
-        if seam not in path.parents
+        if not any(seam in path.parents for seam in seams)
         and (uses := private_trl_uses(path.read_text(), trl_names))
         and "callbacks" not in path.parts  # a callback's `self` is the callback (its own `_evaluate`)
     }
-    assert not offenders, f"TRL's private names outside trl_seam (use the seam's services): {offenders}"
+    assert not offenders, f"TRL's private names outside the seams (use the seam's services): {offenders}"
     # The scan catches what it must: a trainer writing TRL's metrics itself.
     source = "class T(ExtGRPOTrainer):\n    def f(self):\n        self._metrics['train']['x'].append(1.0)\n"
     assert private_trl_uses(source, trl_names) == ["3: self._metrics"]
     assert private_trl_uses("class T:\n    _tag_names = []\n", trl_names) == ["2: T._tag_names"]
+    assert private_trl_uses("packing._flash_attn = f\n", trl_names) == ["1: packing._flash_attn"]
 
 
 def test_the_seam_checks_every_private_name_it_uses():

@@ -1,4 +1,11 @@
-"""Trainers: thin subclasses of TRL's GRPOTrainer/GRPOConfig that wire trl-ext's pure modules in."""
+"""Trainers: thin subclasses of TRL's GRPOTrainer/GRPOConfig that wire trl-ext's pure modules in.
+
+The asynchronous trainer (`ExtAsyncGRPOTrainer`, `ExtAsyncGRPOConfig`, on TRL's experimental `AsyncGRPOTrainer`)
+loads on first access: importing `trl.experimental` warns that its APIs may change.
+"""
+
+from importlib import import_module
+from typing import Any
 
 from .ext_grpo import ExtGRPOTrainer
 from .ext_grpo_config import ExtGRPOConfig
@@ -9,7 +16,15 @@ from .rlmt_config import RLMTConfig
 from .stepwise_rlm import StepwiseRLMTrainer
 from .stepwise_rlm_config import StepwiseRLMConfig
 
+# public name -> module, imported on first access
+_LAZY = {
+    "ExtAsyncGRPOConfig": "trl_ext.trainers.ext_async_grpo_config",
+    "ExtAsyncGRPOTrainer": "trl_ext.trainers.ext_async_grpo",
+}
+
 __all__ = [
+    "ExtAsyncGRPOConfig",
+    "ExtAsyncGRPOTrainer",
     "ExtGRPOConfig",
     "ExtGRPOTrainer",
     "JudgeCreditConfig",
@@ -19,3 +34,9 @@ __all__ = [
     "StepwiseRLMConfig",
     "StepwiseRLMTrainer",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'trl_ext.trainers' has no attribute {name!r}")

@@ -1,58 +1,40 @@
-"""`ExtGRPOConfig`: every field of `trl.GRPOConfig`, plus the loss settings (the IPO loss's mirrored from
-`trl_ext.losses.IPOSettings`, ``loss_kwargs`` for a loss registered from outside), shared-prefix packing, the prompt
-cap and the colocated vLLM engine's dtype. Each field's one doc is its help text (`trl_ext.fields`)."""
+"""`ExtGRPOConfig`: every field of `trl.GRPOConfig`, plus the loss settings (`LossArguments`: ``loss_type``, the IPO
+loss's mirrored from `trl_ext.losses.IPOSettings`, ``loss_kwargs`` for a loss registered from outside), shared-prefix
+packing, the prompt cap and the colocated vLLM engine's dtype. Each field's one doc is its help text
+(`trl_ext.fields`). `resolve_precision` (float32 where bf16 cannot run) is shared with `ExtAsyncGRPOConfig`."""
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from trl import GRPOConfig
 
-from ..fields import document_fields, documented, mirror_field
-from ..losses import IPOSettings, get_loss
+from ..fields import document_fields, documented
+from .loss_arguments import LossArguments
 
 logger = logging.getLogger(__name__)
 
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 PREFIX_SHARING_MODES = ("auto", "on", "off")
-
-
-def _ipo_setting(name: str) -> Any:
-    return mirror_field(IPOSettings, name, "IPO loss", section=_IPO_SECTION)
-
-
-_IPO_SECTION = 'Loss (docs/ipo_loss.md; the ipo_<name> fields are used when `loss_type="ipo"`)'
+# The help text of the bf16 field, which `ExtAsyncGRPOConfig` declares too (the rule of `resolve_precision`).
+BF16_HELP = (
+    "TRL's field, with one change: left unset (and fp16 off), it is False (float32 training) when training runs "
+    "on the CPU (use_cpu=True, or no accelerator with bf16 support), and TRL's True otherwise. bf16=True where "
+    "bf16 cannot run fails with the fix."
+)
 
 
 @document_fields
 @dataclass
-class ExtGRPOConfig(GRPOConfig):
+class ExtGRPOConfig(LossArguments, GRPOConfig):
     r"""
-    Configuration for [`ExtGRPOTrainer`]: every field of `trl.GRPOConfig`, plus the loss registry's settings,
-    shared-prefix packing, the prompt cap and the colocated vLLM engine's dtype.
+    Configuration for [`ExtGRPOTrainer`]: every field of `trl.GRPOConfig`, plus the loss registry's settings
+    (`trl_ext.trainers.loss_arguments.LossArguments`: ``loss_type``, ``ipo_threshold``, ``ipo_ratio_cap``,
+    ``ipo_kl_tau``, ``loss_kwargs``), shared-prefix packing, the prompt cap and the colocated vLLM engine's dtype.
     """
 
-    loss_type: str = documented(
-        "dapo",
-        "A loss of the registry `trl_ext.losses.LOSSES`: TRL's ('grpo', 'bnpo', 'dr_grpo', 'dapo', 'cispo', 'sapo', "
-        "'luspo', 'vespo'), trl-ext's 'ipo' (keep a token iff |p − p_old| <= ipo_threshold, cap the ratio at "
-        "ipo_ratio_cap, normalise by the number of loss tokens as 'dapo') or one registered with "
-        "`trl_ext.losses.register_loss`.",
-        section=_IPO_SECTION,
-    )
-    ipo_threshold: float = _ipo_setting("threshold")
-    ipo_ratio_cap: float = _ipo_setting("ratio_cap")
-    ipo_kl_tau: float = _ipo_setting("kl_tau")
-    loss_kwargs: dict | str | None = documented(
-        None,
-        "Settings of a loss registered from outside (`register_loss` with a settings class), as a dict or its JSON "
-        "(e.g. '{\"scale\": 2.0}'), checked by that class. None: the class's defaults. trl-ext's and TRL's losses "
-        "read their own fields instead.",
-        section=_IPO_SECTION,
-    )
     prefix_sharing: str = documented(
         "auto",
         "Shared-prefix packing of the log-prob passes (policy, old policy, reference, entropies): 'auto' encodes a "
@@ -75,13 +57,7 @@ class ExtGRPOConfig(GRPOConfig):
         "say). TRL 1.16 has no prompt cap of its own.",
         section="Prompts",
     )
-    bf16: bool | None = documented(
-        None,
-        "TRL's field, with one change: left unset (and fp16 off), it is False (float32 training) when training runs "
-        "on the CPU (use_cpu=True, or no accelerator with bf16 support), and TRL's True otherwise. bf16=True where "
-        "bf16 cannot run fails with the fix.",
-        section="Precision",
-    )
+    bf16: bool | None = documented(None, BF16_HELP, section="Precision")
     vllm_dtype: str = documented(
         "auto",
         "The dtype of the colocated vLLM engine (vllm_mode='colocate'): 'auto' is vLLM's choice, which runs a "
@@ -95,9 +71,7 @@ class ExtGRPOConfig(GRPOConfig):
     def __post_init__(self):
         self._resolve_precision()
         super().__post_init__()
-        loss = get_loss(self.loss_type)  # an unknown loss_type fails here, naming the registered ones
-        self.loss_kwargs = _parse_loss_kwargs(self.loss_kwargs)
-        get_loss("ipo").settings_for(self)  # the ipo_<name> fields are this config's: checked whatever the loss
+        loss = self.check_loss_arguments()
         if self.prefix_sharing not in PREFIX_SHARING_MODES:
             raise ValueError(
                 f"prefix_sharing={self.prefix_sharing!r}: use 'auto' (pack rows that share a prefix where the model "
@@ -112,44 +86,33 @@ class ExtGRPOConfig(GRPOConfig):
         loss.check_config(self)  # its settings (ipo_<name> fields or loss_kwargs) and what it needs of the config
 
     def _resolve_precision(self) -> None:
-        """Train in float32 where bf16 cannot run, unless bf16/fp16 was asked for explicitly.
-
-        TRL turns an unset ``bf16`` into True, which `transformers.TrainingArguments` then refuses on a machine
-        without a bf16-capable accelerator: every config would fail on a CPU-only machine. Here an unset ``bf16``
-        (and ``fp16`` off) becomes False, with one log line, when training runs on the CPU (``use_cpu=True``, or no
-        accelerator with bf16 support); TRL's bf16 default is kept everywhere else. An explicit ``bf16=True`` that
-        cannot run fails with the fix.
-        """
-        if self.fp16 or self.bf16 is False:
-            return
-        if self.bf16 is None:
-            if self.use_cpu or not bf16_accelerator_available():
-                self.bf16 = False
-                where = "use_cpu=True" if self.use_cpu else "no accelerator with bf16 support was found"
-                logger.info(
-                    "bf16 not set and %s: training in float32 (set bf16=True or fp16=True to change it).", where
-                )
-            return
-        if not self.use_cpu and not bf16_accelerator_available():
-            raise ValueError(
-                "bf16=True, but this machine has no accelerator with bf16 support (no CUDA, XPU, NPU, MPS, HPU or "
-                "TPU device found, or a GPU older than Ampere): set bf16=False to train in float32 (leaving bf16 "
-                "unset does the same on such a machine), or run on a GPU with bf16 support."
-            )
+        """`resolve_precision` of this config: float32 where bf16 cannot run, unless bf16/fp16 was asked for."""
+        resolve_precision(self)
 
 
-def _parse_loss_kwargs(value: Any) -> dict | None:
-    """``loss_kwargs`` as a dict (a JSON string is parsed: the command line passes one), or None."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as error:
-            raise ValueError(
-                f"loss_kwargs={value!r} is not JSON: pass a dict or e.g. '{{\"scale\": 2.0}}' ({error})."
-            ) from None
-    if value is not None and not isinstance(value, dict):
-        raise ValueError(f"loss_kwargs={value!r} must be a dict of the loss's settings, e.g. {{'scale': 2.0}}.")
-    return value
+def resolve_precision(config: Any) -> None:
+    """Train in float32 where bf16 cannot run, unless bf16/fp16 was asked for explicitly.
+
+    TRL turns an unset ``bf16`` into True, which `transformers.TrainingArguments` then refuses on a machine
+    without a bf16-capable accelerator: every config would fail on a CPU-only machine. Here an unset ``bf16``
+    (and ``fp16`` off) becomes False, with one log line, when training runs on the CPU (``use_cpu=True``, or no
+    accelerator with bf16 support); TRL's bf16 default is kept everywhere else. An explicit ``bf16=True`` that
+    cannot run fails with the fix.
+    """
+    if config.fp16 or config.bf16 is False:
+        return
+    if config.bf16 is None:
+        if config.use_cpu or not bf16_accelerator_available():
+            config.bf16 = False
+            where = "use_cpu=True" if config.use_cpu else "no accelerator with bf16 support was found"
+            logger.info("bf16 not set and %s: training in float32 (set bf16=True or fp16=True to change it).", where)
+        return
+    if not config.use_cpu and not bf16_accelerator_available():
+        raise ValueError(
+            "bf16=True, but this machine has no accelerator with bf16 support (no CUDA, XPU, NPU, MPS, HPU or "
+            "TPU device found, or a GPU older than Ampere): set bf16=False to train in float32 (leaving bf16 "
+            "unset does the same on such a machine), or run on a GPU with bf16 support."
+        )
 
 
 def bf16_accelerator_available() -> bool:

@@ -1,0 +1,57 @@
+"""The seam between trl-ext and TRL's *experimental* asynchronous trainer (`trl.experimental.async_grpo`): the only
+trl-ext code that names anything private of it, as `trl_seam` is for the synchronous `GRPOTrainer`.
+
+trl-ext builds on ``AsyncGRPOTrainer`` through its extension points where they fit (``rollout_worker=``,
+``weight_transfer=``, its public ``compute_loss``); what has no extension point is here, once:
+
+| TRL internal | what the seam does, and why |
+|---|---|
+| ``packing._flash_attn`` (FA3 fetched from the Hub with ``kernels``) | off CUDA, replaced by `flash_attn_varlen_cpu`: the same varlen signature in plain torch, so tree-packed training runs on the CPU (`install_cpu_support`) |
+| ``async_grpo_trainer.get_peak_flops_per_device`` (calls ``torch.cuda.get_device_name`` unconditionally) | off CUDA, answers None (no MFU metric) instead of failing in ``AsyncGRPOTrainer.__init__`` |
+| ``compute_loss``'s forward | `AsyncSeam.tree_forward` runs it as TRL does (padding-free row, tree kwargs, fused LM head), so a trl-ext loss gets the same log-probs |
+| ``_step_*`` / ``_last_forward_time_s`` (per-step accounting) | `AsyncSeam.record_micro_batch` adds a micro-batch whose loss trl-ext computed, as TRL's ``compute_loss`` does |
+| ``_metrics`` | `AsyncSeam.log_metric` |
+| ``_tag_names``, ``_name``, ``_paper`` | set from a subclass's ``model_card`` (`trl_ext.methods.METHODS`) |
+
+`install_cpu_support` is called by `AsyncSeam.__init__` when the model trains off CUDA (``args.device``); the
+replacements dispatch on the tensors' device, so TRL's kernel and FLOPs table still serve CUDA in the same process.
+Generation is TRL's: a rollout worker in a spawned child process against ``vllm serve`` (on the CPU, vLLM's CPU build;
+see the ``vllm`` test group), LoRA synced over HTTP.
+
+Modules: `check` (what the seam takes from TRL, as data, and `check_trl_async`), `cpu` (the kernel and the patch),
+`trainer` (`AsyncSeam`, `TreeForward`). `check_trl_async` runs at import: it compares the signatures of the methods
+overridden and the module attributes replaced, the keywords TRL passes the attention kernel, the attributes read
+(assigned by ``AsyncGRPOTrainer``'s methods, or class attributes), and the keys of TRL's collated batch (its
+collator run on one hand-built sample, and the keys its ``compute_loss`` reads), and fails with the fix
+(``pip install 'trl>=1.16,<1.17'``) on any difference.
+"""
+
+from .check import (
+    ASYNC_ATTRIBUTES,
+    ASYNC_MODULE_ATTRIBUTES,
+    ASYNC_SEAM,
+    BATCH_KEYS,
+    FORWARD_KEYS,
+    KERNEL_KEYWORDS,
+    check_trl_async,
+    collated_batch_keys,
+)
+from .cpu import attention_allowed, cpu_support_installed, flash_attn_varlen_cpu, install_cpu_support
+from .trainer import AsyncSeam, TreeForward
+
+__all__ = [
+    "ASYNC_ATTRIBUTES",
+    "ASYNC_MODULE_ATTRIBUTES",
+    "ASYNC_SEAM",
+    "BATCH_KEYS",
+    "FORWARD_KEYS",
+    "KERNEL_KEYWORDS",
+    "AsyncSeam",
+    "TreeForward",
+    "attention_allowed",
+    "check_trl_async",
+    "collated_batch_keys",
+    "cpu_support_installed",
+    "flash_attn_varlen_cpu",
+    "install_cpu_support",
+]

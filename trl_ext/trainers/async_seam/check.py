@@ -1,0 +1,211 @@
+"""What the async seam takes from TRL's experimental asynchronous trainer, as data, and `check_trl_async`, which
+compares it with the installed TRL.
+
+`check_trl_async` runs when the seam is imported: a TRL whose overridden methods, replaced module attributes,
+private attributes or collated batch differ from these fails at once, with the fix, instead of minutes into a run.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+import torch
+import trl
+from trl.experimental.async_grpo import AsyncGRPOTrainer, async_grpo_trainer, packing
+
+__all__ = [
+    "ASYNC_ATTRIBUTES",
+    "ASYNC_MODULE_ATTRIBUTES",
+    "ASYNC_SEAM",
+    "BATCH_KEYS",
+    "FORWARD_KEYS",
+    "KERNEL_KEYWORDS",
+    "check_trl_async",
+]
+
+# AsyncGRPOTrainer methods the seam (or a trl-ext trainer) overrides -> their parameter names.
+ASYNC_SEAM: dict[str, tuple[str, ...]] = {
+    "compute_loss": ("self", "model", "inputs", "return_outputs", "num_items_in_batch"),
+}
+# The leading parameters of AsyncGRPOTrainer.__init__ the seam passes on by position.
+INIT_PARAMETERS: tuple[str, ...] = ("self", "model", "reward_funcs", "args")
+
+# Module attributes `install_cpu_support` replaces -> their parameter names.
+ASYNC_MODULE_ATTRIBUTES: dict[tuple[object, str], tuple[str, ...]] = {
+    (packing, "_flash_attn"): (),  # TRL's FA3 fetch through `kernels`
+    (async_grpo_trainer, "get_peak_flops_per_device"): ("accelerator", "dtype"),  # calls torch.cuda unconditionally
+}
+
+# The keywords `packing.tree_attention` passes to the kernel's ``flash_attn_varlen_func`` besides the 7 positional
+# arguments: `flash_attn_varlen_cpu` must take each.
+KERNEL_KEYWORDS: tuple[str, ...] = ("softmax_scale", "causal", "window_size", "softcap")
+
+# Attributes the seam reads or writes on the trainer: set by AsyncGRPOTrainer's methods (``self.<name> = ...``) or
+# class attributes. Private ones first.
+ASYNC_ATTRIBUTES: tuple[str, ...] = (
+    "_metrics",  # {"train"|"eval": {name: [values]}}: what TRL reduces into each log (`_reduce_metric`)
+    "_step_forward_tokens",  # one optimizer step's accounting, flushed by `_log_step_metrics`
+    "_step_trained_tokens",
+    "_step_seq_len_weighted",
+    "_step_samples",
+    "_step_forward_s",
+    "_last_forward_time_s",
+    "_tag_names",  # the model card: tags, method name, paper
+    "_name",
+    "_paper",
+    "aux_loss_enabled",  # the MoE load-balancing loss of the forward
+    "router_aux_loss_coef",
+)
+
+# Keys of a batch of TRL's collator (`DataCollatorForRollout`): the packed row (`TreeRow.pack`) and the counts.
+BATCH_KEYS: frozenset[str] = frozenset(
+    {
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        "shift_labels",
+        "token_index",
+        "old_log_probs",
+        "advantages",
+        "segment_id",
+        "tree_kv_index",
+        "tree_cu_seqlens_q",
+        "tree_cu_seqlens_k",
+        "tree_max_seqlens",
+        "global_n_tokens",
+        "global_n_forward_tokens",
+        "mean_seq_len",
+    }
+)
+# The batch keys TRL's compute_loss reads, which the seam's `tree_forward` and step accounting read the same way.
+FORWARD_KEYS: frozenset[str] = BATCH_KEYS
+
+
+def check_trl_async() -> None:
+    """Fail with the fix when the installed TRL's asynchronous trainer lacks what the async seam relies on."""
+    problems = []
+    for name, expected in ASYNC_SEAM.items():
+        method = getattr(AsyncGRPOTrainer, name, None)
+        if method is None:
+            problems.append(f"AsyncGRPOTrainer.{name} is missing")
+        elif (params := tuple(inspect.signature(method).parameters)) != expected:
+            problems.append(f"AsyncGRPOTrainer.{name}{params} (expected {expected})")
+    init = tuple(inspect.signature(AsyncGRPOTrainer.__init__).parameters)[: len(INIT_PARAMETERS)]
+    if init != INIT_PARAMETERS:
+        problems.append(f"AsyncGRPOTrainer.__init__{init}... (expected {INIT_PARAMETERS}...)")
+    for (module, name), expected in ASYNC_MODULE_ATTRIBUTES.items():
+        value = getattr(module, name, None)
+        if not callable(value):
+            problems.append(f"{module.__name__}.{name} is missing")
+        elif not getattr(value, "trl_ext_cpu_support", False):  # once replaced, ours is there: nothing to compare
+            if (params := tuple(inspect.signature(value).parameters)) != expected:
+                problems.append(f"{module.__name__}.{name}{params} (expected {expected})")
+    keywords = _kernel_call_keywords()
+    if keywords is not None and not set(keywords) <= set(KERNEL_KEYWORDS):
+        problems.append(f"packing.tree_attention passes the kernel {keywords} (expected some of {KERNEL_KEYWORDS})")
+    assigned = _assigned_attributes()
+    if assigned is not None:
+        problems += [
+            f"AsyncGRPOTrainer has no attribute {name}"
+            for name in ASYNC_ATTRIBUTES
+            if name not in assigned and not hasattr(AsyncGRPOTrainer, name)
+        ]
+    try:
+        keys = collated_batch_keys()
+    except Exception as error:  # noqa: BLE001  (any failure of TRL's collator on a valid sample is a difference)
+        problems.append(f"TRL's collator fails on a one-sample batch ({type(error).__name__}: {error})")
+    else:
+        if keys != BATCH_KEYS:
+            problems.append(
+                f"TRL's collator returns the keys {sorted(keys)} (missing {sorted(BATCH_KEYS - keys)}, new "
+                f"{sorted(keys - BATCH_KEYS)})"
+            )
+    read = _compute_loss_batch_keys()
+    if read is not None and read != FORWARD_KEYS:
+        problems.append(
+            f"AsyncGRPOTrainer.compute_loss reads the batch keys {sorted(read)} (expected {sorted(FORWARD_KEYS)})"
+        )
+    if problems:
+        raise ImportError(
+            f"trl-ext's async trainer needs TRL 1.16's experimental AsyncGRPOTrainer internals, and trl "
+            f"{trl.__version__} differs: " + "; ".join(problems) + ". Install the tested version: "
+            "pip install 'trl>=1.16,<1.17'."
+        )
+
+
+def collated_batch_keys() -> frozenset[str]:
+    """The keys TRL's collator returns for one hand-built rollout sample (a 3-token prompt, a 2-token answer)."""
+    row = packing.TreeRow()
+    row.add(
+        {
+            "input_ids": torch.tensor([1, 2, 3, 4, 5]),
+            "completion_mask": torch.tensor([0, 0, 0, 1, 1]),
+            "old_log_probs": torch.tensor([0.0, 0.0, 0.0, -1.0, -1.0]),
+            "advantage": 1.0,
+            "group_id": 0,
+            "metrics": {},
+        }
+    )
+    return frozenset(async_grpo_trainer.DataCollatorForRollout(pad_token_id=0).torch_call([[row]]))
+
+
+def _source_tree(function) -> ast.AST | None:
+    try:
+        return ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError):
+        return None
+
+
+def _kernel_call_keywords() -> tuple[str, ...] | None:
+    """The keywords of the ``flash_attn_varlen_func(...)`` call in ``packing.tree_attention``; None without source.
+    A ``**{...}`` of constant keys (TRL's optional ``softcap``) counts its keys."""
+    tree = _source_tree(packing.tree_attention)
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "flash_attn_varlen_func"
+        ):
+            names = []
+            for keyword in node.keywords:
+                if keyword.arg is not None:
+                    names.append(keyword.arg)
+                else:
+                    dicts = [item for item in ast.walk(keyword.value) if isinstance(item, ast.Dict)]
+                    names += [key.value for item in dicts for key in item.keys if isinstance(key, ast.Constant)]
+            return tuple(names)
+    return ()
+
+
+def _assigned_attributes() -> set[str] | None:
+    """The attribute names AsyncGRPOTrainer's methods assign on ``self``; None when its source is unavailable."""
+    tree = _source_tree(AsyncGRPOTrainer)
+    if tree is None:
+        return None
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, ast.Store)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    }
+
+
+def _compute_loss_batch_keys() -> frozenset[str] | None:
+    """The collator's keys named in AsyncGRPOTrainer.compute_loss's source; None when it is unavailable."""
+    tree = _source_tree(AsyncGRPOTrainer.compute_loss)
+    if tree is None:
+        return None
+    return frozenset(
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in BATCH_KEYS
+    )
+
+
+check_trl_async()

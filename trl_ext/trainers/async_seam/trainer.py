@@ -1,0 +1,147 @@
+"""`AsyncSeam`: TRL's experimental `AsyncGRPOTrainer` with CPU support and the services a trl-ext trainer needs, so
+that the trainer itself names nothing private of TRL's.
+
+- ``model_card`` (an entry of `trl_ext.methods.METHODS`) gives TRL's model card its tags, name and paper.
+- `tree_forward` runs TRL's forward of one collated micro-batch exactly as ``AsyncGRPOTrainer.compute_loss`` does
+  (the padding-free row, tree-attention keywords, fused LM head) and returns the selected tokens' tensors.
+- `record_micro_batch` adds the micro-batch to TRL's per-step accounting (tokens, samples, forward time), which TRL's
+  ``compute_loss`` does and a loss computed by trl-ext must do too.
+- `loss_normalizer`, `log_metric`, `global_sums`, `mode`: TRL's normaliser, metric store and collectives.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+from .cpu import install_cpu_support
+
+__all__ = ["AsyncSeam", "TreeForward"]
+
+
+@dataclass
+class TreeForward:
+    """One micro-batch's forward, over its ``M`` loss tokens (the collator's flat selection, in its order).
+
+    Attributes:
+        logps: ``(M,)`` log p of each loss token under the current policy (carries the gradient).
+        entropy: ``(M,)`` entropy of the policy at each loss token's position.
+        old_logps: ``(M,)`` the sampler's log-probs (vLLM's, at sampling time): p_old.
+        advantages: ``(M,)`` the advantage of each token's completion.
+        segment_id: ``(M,)`` the index of each token's completion in this rank's row.
+        aux_loss: the MoE load-balancing loss of the forward, or None when TRL does not add it.
+        seconds: how long the forward took (TRL's ``perf/fwd_s``).
+    """
+
+    logps: Tensor
+    entropy: Tensor
+    old_logps: Tensor
+    advantages: Tensor
+    segment_id: Tensor
+    aux_loss: Tensor | None
+    seconds: float
+
+
+class AsyncSeam(AsyncGRPOTrainer):
+    """`trl.experimental.async_grpo.AsyncGRPOTrainer`, trained on the CPU too, with trl-ext's services (see the
+    module docstring). A subclass names its model card's method with ``model_card``."""
+
+    model_card: ClassVar[Any] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        card = cls.__dict__.get("model_card")
+        if card is not None:  # TRL's model card (create_model_card, push_to_hub) reads these class attributes
+            cls._tag_names = list(dict.fromkeys([*AsyncGRPOTrainer._tag_names, *card.tag_names]))
+            cls._name = f"Async {card.name}"
+            cls._paper = card.paper
+
+    def __init__(self, model: str, reward_funcs: Any = None, args: Any = None, *pargs: Any, **kwargs: Any) -> None:
+        if args is not None and args.device.type != "cuda":
+            install_cpu_support()  # before TRL's __init__, which looks up the device's peak FLOPs
+        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+
+    # ---------------------------------------------------------------------------------------------- services
+    @property
+    def mode(self) -> str:
+        """``"train"`` or ``"eval"``: which of TRL's metric series the current pass logs to."""
+        return "train" if self.model.training else "eval"
+
+    @property
+    def accumulation_steps(self) -> int:
+        """The micro-batches of the current optimizer step (transformers sets it in its loop; outside it, the
+        configured ``gradient_accumulation_steps``)."""
+        return getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
+
+    def log_metric(self, name: str, value: float) -> None:
+        """Log ``value`` under ``name`` in the current mode; TRL reduces a log window's values (a mean, or a sum /
+        max / min when the name's last part has the word ``total`` / ``max`` / ``min``)."""
+        self._metrics[self.mode][name].append(float(value))
+
+    def global_sums(self, *values: float | Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
+        """``(len(values),)`` sums of each value over all ranks, in one collective (every rank must call it)."""
+        local = torch.stack([torch.as_tensor(value).detach().to(self.accelerator.device, dtype) for value in values])
+        return self.accelerator.reduce(local, reduction="sum")
+
+    def loss_normalizer(self, inputs: dict[str, Tensor]) -> Tensor:
+        """TRL's normaliser of a summed per-token loss: the micro-batch's loss tokens per rank (all ranks, at least
+        1) times the micro-batches of the optimizer step. DDP then averages the gradients over ranks, so every loss
+        token of the step weighs the same."""
+        tokens_per_rank = (inputs["global_n_tokens"][0] / self.accelerator.num_processes).clamp(min=1.0)
+        return tokens_per_rank.to(torch.float32) * self.accumulation_steps
+
+    def tree_forward(self, model: torch.nn.Module, inputs: dict[str, Tensor]) -> TreeForward:
+        """TRL's forward of one collated micro-batch (``AsyncGRPOTrainer.compute_loss``'s): this rank's row without
+        its inter-rank padding, as one ``(1, N)`` sequence through tree attention and the fused LM head."""
+        mask_bool = inputs["attention_mask"].bool()
+        selected = inputs["token_index"] >= 0
+        tree_kwargs = {
+            key: inputs[key][inputs[key] >= 0] for key in ("tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k")
+        }
+        tree_kwargs["tree_max_seqlen_q"], tree_kwargs["tree_max_seqlen_k"] = inputs["tree_max_seqlens"][0].tolist()
+        token_index = inputs["token_index"][selected]
+        start = time.time()
+        router_kwargs = {"output_router_logits": True} if self.aux_loss_enabled else {}
+        outputs = model(
+            input_ids=inputs["input_ids"][mask_bool].unsqueeze(0),
+            position_ids=inputs["position_ids"][mask_bool].unsqueeze(0),
+            shift_labels=inputs["shift_labels"][mask_bool].unsqueeze(0),
+            fused_lm_head=True,
+            **router_kwargs,
+            **tree_kwargs,
+        )
+        return TreeForward(
+            logps=outputs.log_probs.flatten()[token_index],
+            entropy=outputs.entropy.flatten()[token_index],
+            old_logps=inputs["old_log_probs"][selected],
+            advantages=inputs["advantages"][selected],
+            segment_id=inputs["segment_id"][selected],
+            aux_loss=outputs.aux_loss if self.aux_loss_enabled else None,
+            seconds=time.time() - start,
+        )
+
+    def add_aux_loss(self, loss: Tensor, forward: TreeForward) -> Tensor:
+        """``loss`` plus TRL's weighted MoE load-balancing loss (scaled for accumulation), logged as ``aux_loss``
+        as TRL does; ``loss`` unchanged when TRL adds none."""
+        if forward.aux_loss is None:
+            return loss
+        world_size = self.accelerator.num_processes
+        self.log_metric("aux_loss", (self.global_sums(forward.aux_loss, dtype=torch.float32)[0] / world_size).item())
+        return loss + self.router_aux_loss_coef * forward.aux_loss / self.accumulation_steps
+
+    def record_micro_batch(self, inputs: dict[str, Tensor], forward: TreeForward) -> None:
+        """Add this micro-batch to TRL's per-step accounting (flushed at each optimizer step as ``perf/*`` and
+        ``batch/*_per_step``), as TRL's ``compute_loss`` does."""
+        n_forward_tokens = float(inputs["global_n_forward_tokens"][0])
+        mean_seq_len = float(inputs["mean_seq_len"][0])
+        self._last_forward_time_s = forward.seconds
+        self._step_forward_tokens += n_forward_tokens
+        self._step_trained_tokens += float(inputs["global_n_tokens"][0])
+        self._step_seq_len_weighted += mean_seq_len * n_forward_tokens
+        self._step_samples += n_forward_tokens / mean_seq_len
+        self._step_forward_s += forward.seconds

@@ -1,0 +1,122 @@
+"""`ExtAsyncGRPOTrainer`: TRL's experimental asynchronous GRPO trainer with trl-ext's loss registry and monitors.
+
+TRL's `AsyncGRPOTrainer` generates in a spawned rollout worker against ``vllm serve`` while it trains, drops
+samples more than ``max_staleness`` policy versions old, takes the sampler's per-token log-probs as p_old and packs
+each micro-batch into one prefix tree. Its loss is PPO-clip normalised by the window's tokens (``loss_type="dapo"``,
+left untouched). For a loss trl-ext computes (``"ipo"``, or one registered with a ``compute`` function), this
+trainer runs TRL's forward as TRL does (`AsyncSeam.tree_forward`) and hands the flat loss tokens, as ``(1, M)``
+tensors, to the loss's pure function with TRL's normaliser. The TRL internals this needs are reached in one place,
+`trl_ext.trainers.async_seam`, which also makes the trainer run on the CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..losses import LossSpec, get_loss
+from ..methods import METHODS
+from .async_seam import AsyncSeam, TreeForward
+from .ext_async_grpo_config import ExtAsyncGRPOConfig
+
+__all__ = ["ExtAsyncGRPOTrainer", "policy_stat_sums"]
+
+
+def policy_stat_sums(logps: Tensor, old_logps: Tensor, entropy: Tensor) -> dict[str, Tensor]:
+    """The sums behind TRL's async ``ratio``, ``kl`` and ``entropy`` metrics, over ``M`` loss tokens.
+
+    Args:
+        logps, old_logps, entropy: ``(M,)`` current log-probs, the sampler's log-probs, the policy's entropy.
+
+    Returns:
+        0-dim sums: ``ratio`` (ρ = p / p_old), ``kl`` (the k3 estimate ``(ρ − 1) − log ρ``), ``entropy``, and
+        ``count`` (M); divide each by the count summed over ranks.
+    """
+    with torch.no_grad():
+        log_ratio = logps.detach() - old_logps
+        ratio = log_ratio.exp()
+        return {
+            "ratio": ratio.sum(),
+            "kl": ((ratio - 1) - log_ratio).sum(),
+            "entropy": entropy.detach().sum(),
+            "count": torch.tensor(float(logps.numel()), device=logps.device),
+        }
+
+
+class ExtAsyncGRPOTrainer(AsyncSeam):
+    """`trl.experimental.async_grpo.AsyncGRPOTrainer` plus the loss registry of `trl_ext.losses` and the monitors.
+
+    Use it like TRL's trainer (``model`` is a path or Hub id; reward functions must be picklable module-level
+    functions, since TRL's rollout worker runs in a spawned process, so a script needs an ``if __name__ ==
+    "__main__"`` guard); pass an [`ExtAsyncGRPOConfig`]. With ``loss_type="ipo"`` (or another loss trl-ext computes)
+    it logs the loss's metrics as ``<loss>/<metric>`` (``ipo/masked_ratio``, ``ipo/capped_ratio``,
+    ``ipo/ratio_mean``: token-weighted means over all ranks) and TRL's ``ratio``, ``kl`` and ``entropy``; TRL's
+    ``clip_ratio/*`` belong to its PPO-clip loss and are not logged then.
+    """
+
+    model_card = METHODS["grpo"]
+
+    def __init__(self, model: str, reward_funcs: Any = None, args: Any = None, *pargs: Any, **kwargs: Any) -> None:
+        if args is None:
+            args = ExtAsyncGRPOConfig(f"{model.rstrip('/').split('/')[-1]}-AsyncGRPO")
+        loss_type = getattr(args, "loss_type", "dapo")
+        if get_loss(loss_type).compute is not None and not isinstance(args, ExtAsyncGRPOConfig):
+            raise TypeError(
+                f"loss_type={loss_type!r} needs trl-ext's settings: pass args=trl_ext.ExtAsyncGRPOConfig(...)."
+            )
+        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        # Monitors passed as callbacks= would run after the trackers; move them ahead so alerts reach wandb & co.
+        from ..callbacks.monitors import MonitorCallback, add_monitors
+
+        if any(isinstance(cb, MonitorCallback) for cb in self.callback_handler.callbacks):
+            add_monitors(self)
+
+    @property
+    def loss_spec(self) -> LossSpec:
+        """The registry entry (`trl_ext.losses.LOSSES`) of this trainer's ``loss_type`` (``"dapo"`` for a plain
+        `AsyncGRPOConfig`)."""
+        return get_loss(getattr(self.args, "loss_type", "dapo"))
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """TRL's loss for ``"dapo"``; otherwise the registered loss on TRL's forward of the micro-batch.
+
+        The loss gets the ``M`` loss tokens of this rank's row as ``(1, M)`` tensors: log p (the gradient), p_old =
+        the sampler's log-probs, the advantages, an all-True mask, no weights, and TRL's normaliser (the
+        micro-batch's loss tokens per rank times the accumulation steps), whatever the spec's ``normalization``.
+        """
+        spec = self.loss_spec
+        if spec.compute is None:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        forward = self.tree_forward(model, inputs)
+        logps = forward.logps.unsqueeze(0)
+        loss, metrics = spec.compute(
+            logps,
+            forward.old_logps.to(logps.dtype).unsqueeze(0),
+            forward.advantages.to(logps.dtype).unsqueeze(0),
+            torch.ones_like(logps, dtype=torch.bool),
+            normalizer=self.loss_normalizer(inputs),
+            weights=None,
+            **spec.settings_from(self.args),
+        )
+        loss = self.add_aux_loss(loss, forward)
+        self._log_loss_metrics(spec, forward, metrics)
+        self.record_micro_batch(inputs, forward)
+        return loss
+
+    def _log_loss_metrics(self, spec: LossSpec, forward: TreeForward, metrics: dict[str, Tensor]) -> None:
+        """TRL's ``ratio``/``kl``/``entropy`` and the loss's ``<name>/<metric>``, token-weighted over all ranks, in
+        one collective."""
+        stats = policy_stat_sums(forward.logps, forward.old_logps, forward.entropy)
+        num_tokens = metrics.pop("num_tokens")
+        names = list(metrics)
+        totals = self.global_sums(
+            stats["ratio"], stats["kl"], stats["entropy"], stats["count"], num_tokens,
+            *(metrics[name] * num_tokens for name in names),
+        )  # fmt: skip
+        count, loss_tokens = totals[3].clamp(min=1.0), totals[4].clamp(min=1.0)
+        for index, name in enumerate(("ratio", "kl", "entropy")):
+            self.log_metric(name, (totals[index] / count).item())
+        for index, name in enumerate(names, start=5):
+            self.log_metric(f"{spec.name}/{name}", (totals[index] / loss_tokens).item())
