@@ -26,6 +26,8 @@ from trl_ext.callbacks import (
     MonitorAlert,
     RewardMonitor,
     RewardMonitorConfig,
+    StalenessMonitor,
+    StalenessMonitorConfig,
     add_monitors,
     default_monitors,
 )
@@ -386,6 +388,9 @@ def test_judge_failures_only_when_judge_credit_logs_them():
         (lambda: EntropyMonitor(actions={"kl_spike": "pause"}), ValueError, r"actions\['kl_spike'\]='pause'"),
         (lambda: EntropyMonitor(start_step=-1), ValueError, r"start_step=-1 must be >= 0"),
         (lambda: default_monitors(action="panic"), ValueError, r"default_monitors: action='panic'"),
+        (lambda: StalenessMonitor(max_dropped_share=1.0), ValueError, r"max_dropped_share=1\.0 must be >= 0\.0"),
+        (lambda: StalenessMonitor(stale_patience=0), ValueError, r"stale_patience=0 must be >= 1"),
+        (lambda: StalenessMonitor(actions={"kl_spike": "stop"}), ValueError, r"unknown rule 'kl_spike'"),
     ],
 )
 def test_invalid_settings_name_the_value_and_the_fix(factory, error, pattern):
@@ -416,7 +421,8 @@ def test_a_monitor_takes_a_config_or_its_fields_as_keywords():
 
 
 def test_every_rule_of_a_monitor_has_its_alert_texts():
-    assert {rule for cls in (ClipRateMonitor, EntropyMonitor, RewardMonitor) for rule in cls.rules} == set(ALERTS)
+    classes = (ClipRateMonitor, EntropyMonitor, RewardMonitor, StalenessMonitor)
+    assert {rule for cls in classes for rule in cls.rules} == set(ALERTS)
 
 
 def test_default_monitors_recommended_set():
@@ -739,3 +745,273 @@ def test_two_ranks_stop_at_the_same_step_and_only_rank_zero_speaks(tmp_path):
     assert rank0["step"] < 40 and rank0["counts"][1]["entropy_collapse"] == 1
     output = result.stdout + result.stderr
     assert output.count("entropy_collapse: Entropy collapse") == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Asynchronous runs (TRL's AsyncGRPOTrainer): off-policy detection and StalenessMonitor
+
+
+def async_args(**overrides):
+    """Training arguments shaped like TRL's AsyncGRPOConfig: max_staleness, no steps_per_generation,
+    num_iterations or use_vllm."""
+    fields = dict(
+        max_staleness=4,
+        gradient_accumulation_steps=1,
+        logging_steps=1,
+        learning_rate=1e-6,
+        loss_type="dapo",
+        output_dir="",
+        should_save=False,
+        world_size=1,
+    )
+    fields.update(overrides)
+    return SimpleNamespace(**fields)
+
+
+@pytest.fixture(scope="module")
+def async_config():
+    """A real trl-ext ExtAsyncGRPOConfig (TRL's AsyncGRPOConfig plus the loss settings)."""
+    from trl_ext.trainers.ext_async_grpo_config import ExtAsyncGRPOConfig
+
+    return ExtAsyncGRPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none")
+
+
+def async_logs(
+    steps=200,
+    seed=0,
+    *,
+    logging_steps=1,
+    samples=16.0,
+    max_staleness=4,
+    dropped=None,
+    staleness=None,
+    wait_share=None,
+):
+    """(global step, log) pairs of a healthy asynchronous run, with TRL's AsyncGRPOTrainer's keys and reductions.
+
+    Each log averages ``logging_steps`` optimizer steps: ``sample/dropped_stale_total`` is the window's count and
+    absent when nothing was dropped, the rest are window means (``sample/staleness_max`` a maximum); the first log
+    has the worker's start-up in its ``perf/rollout_wait_s`` and no ``perf/step_s`` when it covers one step only.
+    ``dropped``, ``staleness`` and ``wait_share`` (functions of the step, returning None to keep the healthy value)
+    inject faults: samples dropped in the window, the mean staleness, the rollout wait as a share of the step.
+    """
+    rng = random.Random(seed)
+    healthy = healthy_logs(steps // logging_steps, seed=seed)
+    logs = []
+    for index, step in enumerate(range(logging_steps, steps + 1, logging_steps)):
+        base = healthy[index]
+        step_s = 2.0 * math.exp(rng.gauss(0, 0.1))
+        share = min(0.85, max(0.0, rng.gauss(0.4, 0.15)))
+        mean = min(float(max_staleness), max(0.0, rng.gauss(max_staleness / 2, 0.5)))
+        count = float(rng.choice([0, 0, 0, 1, 2, 4])) * logging_steps  # a few samples at the edge go stale
+        if dropped is not None and dropped(step) is not None:
+            count = float(dropped(step))
+        if staleness is not None and staleness(step) is not None:
+            mean = float(staleness(step))
+        if wait_share is not None and wait_share(step) is not None:
+            share = float(wait_share(step))
+        entry = {
+            "loss": base["loss"],
+            "grad_norm": abs(rng.gauss(0.5, 0.1)),
+            "learning_rate": 1e-6,
+            "reward": base["reward"],
+            "reward_std": base["reward_std"],
+            "entropy": base["entropy"],
+            "kl": base["kl"],
+            "ratio": 1.0 + rng.gauss(0, 0.01),
+            "clip_ratio/region_mean": base["clip_ratio/region_mean"],
+            "clip_ratio/low_mean": base["clip_ratio/region_mean"] / 2,
+            "clip_ratio/high_mean": base["clip_ratio/region_mean"] / 2,
+            "batch/samples_per_step": samples,
+            "batch/groups_per_step": samples / 4,
+            "perf/fwd_bwd_s": step_s * (1 - share) * 0.8,
+            "perf/optimizer_s": 0.01,
+            "perf/rollout_wait_s": share * step_s,
+            "perf/step_s": step_s,
+            "perf/weight_sync_s": 0.05,
+            "sample/rollout_queue_size": float(rng.randint(0, 20)),
+            "sample/time_in_queue_s": abs(rng.gauss(1.0, 0.3)),
+            "sample/staleness_mean": mean,
+            "sample/staleness_max": float(min(max_staleness, math.ceil(mean) + 1)),
+            "rollout/inflight": 64.0,
+            "rollout/generated_tok_s": 900.0,
+            "epoch": 0.01 * step,
+        }
+        if count:
+            entry["sample/dropped_stale_total"] = count
+        if index == 0:
+            entry["perf/rollout_wait_s"] = 30.0 / logging_steps + share * step_s  # spawn + server warm-up
+            if logging_steps == 1:
+                del entry["perf/step_s"]  # TRL measures no step_s for the first step
+        logs.append((step, entry))
+    return logs
+
+
+def drive(monitors, logs, args, *, start_step=0, main_process=True):
+    """Run ``monitors`` like the Trainer does over (step, log) pairs from ``start_step``; return the alerts."""
+    state = TrainerState(is_world_process_zero=main_process, global_step=start_step)
+    for monitor in monitors:
+        monitor.on_train_begin(args, state, TrainerControl())
+    alerts = []
+    for step, entry in logs:
+        state.global_step = step
+        state.log_history.append({**entry, "step": step})
+        for monitor in monitors:
+            monitor.on_log(args, state, TrainerControl(), logs=dict(entry))
+            alerts += [(record["rule"], record["step"]) for record in monitor.alerts if record["step"] == step]
+    return alerts
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("logging_steps", [1, 3])
+def test_the_async_monitor_set_is_silent_on_noisy_healthy_async_runs(seed, logging_steps):
+    args = async_args(logging_steps=logging_steps)
+    monitors = default_monitors(args=args)
+    assert [type(m) for m in monitors] == [ClipRateMonitor, EntropyMonitor, RewardMonitor, StalenessMonitor]
+    assert drive(monitors, async_logs(seed=seed, logging_steps=logging_steps), args) == []
+
+
+def test_a_generation_bound_run_at_max_staleness_without_drops_is_healthy():
+    # TRL's automatic max_inflight_tasks keeps max_staleness steps of samples in flight: the staleness sits at the
+    # limit and the trainer waits much of each step. Neither is an alert.
+    logs = async_logs(staleness=lambda step: 4.0, dropped=lambda step: 0.0, wait_share=lambda step: 0.85)
+    assert drive([StalenessMonitor()], logs, async_args()) == []
+
+
+def test_stale_rollouts_fires_when_the_worker_runs_ahead():
+    logs = async_logs(dropped=lambda step: 30.0 if step >= 40 else 0.0)  # 30 dropped, 16 trained: 65 %
+    monitor = StalenessMonitor()
+    alerts = feed_steps(monitor, logs, async_args())
+    assert [(a.rule, a.step, a.metric) for a in alerts] == [("stale_rollouts", 42, "sample/dropped_stale_total")]
+    assert alerts[0].value == pytest.approx(30 / 46)
+    message = alerts[0].message
+    assert message.startswith("Stale rollouts dominate: 65% of the rollouts that reached the trainer were dropped")
+    assert "more than max_staleness=4 policy versions old" in message and "max_inflight_tasks" in message
+
+
+def test_the_dropped_share_counts_the_samples_trained_since_the_previous_log():
+    # logging_steps=2: 16 samples per step, 32 trained per log. 30 dropped is 48 % (silent), 40 is 56 %.
+    args = async_args(logging_steps=2)
+    below = async_logs(logging_steps=2, dropped=lambda step: 30.0 if step >= 40 else 0.0)
+    assert feed_steps(StalenessMonitor(), below, args) == []
+    above = async_logs(logging_steps=2, dropped=lambda step: 40.0 if step >= 40 else 0.0)
+    assert [(a.rule, a.step) for a in feed_steps(StalenessMonitor(), above, args)] == [("stale_rollouts", 44)]
+
+
+def test_stale_rollouts_pinned_at_max_staleness_while_dropping():
+    logs = async_logs(staleness=lambda step: 4.0 if step >= 40 else None, dropped=lambda step: 3.0)
+    (alert,) = feed_steps(StalenessMonitor(), logs, async_args())
+    assert (alert.rule, alert.step, alert.value, alert.metric) == ("stale_rollouts", 42, 4.0, "sample/staleness_mean")
+    assert "every sample trained was max_staleness=4 policy versions old" in alert.message
+    # The limit is read from the arguments, or from the settings without them.
+    assert feed_steps(StalenessMonitor(watch_pinned=False), logs, async_args()) == []
+    assert [a.step for a in feed(StalenessMonitor(max_staleness=4), [entry for _, entry in logs])] == [42]
+
+
+def test_trainer_starved_fires_after_patience_logs_and_names_the_wait():
+    logs = async_logs(wait_share=lambda step: 0.97 if step >= 40 else None)
+    (alert,) = feed_steps(StalenessMonitor(), logs, async_args())
+    assert (alert.rule, alert.step, alert.metric) == ("trainer_starved", 44, "perf/rollout_wait_s")
+    assert alert.value == pytest.approx(0.97)
+    assert "waited for rollouts 97.0% of its step time" in alert.message
+    assert feed_steps(StalenessMonitor(max_wait_share=None), logs, async_args()) == []
+
+
+def test_the_first_log_of_a_session_is_not_judged_for_starvation():
+    # Starved from the start, logging every 3 steps: the first log's wait includes the worker's start-up and its
+    # step time misses the first step, so the streak starts at the second log and fires at the sixth.
+    logs = async_logs(steps=30, logging_steps=3, wait_share=lambda step: 0.95)
+    assert logs[0][1]["perf/rollout_wait_s"] > logs[0][1]["perf/step_s"]  # the start-up wait: share above 1
+    alerts = feed_steps(StalenessMonitor(), logs, async_args(logging_steps=3))
+    assert [(a.rule, a.step) for a in alerts] == [("trainer_starved", 18)]
+    # With logging_steps=1 TRL logs no step time for the first step: idle there, the same count follows.
+    alerts = feed_steps(StalenessMonitor(), async_logs(steps=10, wait_share=lambda step: 0.95), async_args())
+    assert [(a.rule, a.step) for a in alerts] == [("trainer_starved", 6)]
+
+
+def test_missing_keys_leave_the_staleness_rules_idle():
+    monitor = StalenessMonitor(max_staleness=4)
+    other_rank = {"batch/samples_per_step": 16.0, "perf/step_s": 2.0, "loss": 0.1}  # TRL logs sample/* on rank 0
+    eval_log = {"eval_sample/staleness_mean": 4.0, "eval_perf/rollout_wait_s": 9.0}
+    summary = {"train_runtime": 10.0, "train_loss": 0.1}
+    no_step_time = {"batch/samples_per_step": 16.0, "sample/staleness_mean": 4.0, "perf/rollout_wait_s": 9.0}
+    logs = [other_rank, eval_log, summary, no_step_time, {"sample/staleness_mean": float("nan")}, {}] * 5
+    assert feed(monitor, logs) == []
+    assert monitor.monitor_state["memory"].get("trainer_starved") is None  # never judged
+    sync = [entry for _, entry in async_logs(steps=20)]
+    for entry in sync:  # a synchronous GRPO log: none of the asynchronous keys
+        for key in [k for k in entry if k.split("/")[0] in ("sample", "perf", "batch", "rollout")]:
+            del entry[key]
+    assert feed(StalenessMonitor(), sync) == []
+
+
+def test_only_warn_with_several_processes():
+    with pytest.raises(ValueError, match=r"StalenessMonitor: action 'stop' with 2 processes.*main process only"):
+        StalenessMonitor(action="stop").on_train_begin(async_args(world_size=2), TrainerState(), TrainerControl())
+    with pytest.raises(ValueError, match=r"action 'checkpoint' with 4 processes"):
+        StalenessMonitor(actions={"trainer_starved": "checkpoint"}).on_train_begin(
+            async_args(world_size=4), TrainerState(), TrainerControl()
+        )
+    StalenessMonitor().on_train_begin(async_args(world_size=2), TrainerState(), TrainerControl())
+    StalenessMonitor(action="stop").on_train_begin(async_args(), TrainerState(), TrainerControl())
+
+
+def test_staleness_state_round_trips_and_a_resume_starts_a_new_window():
+    args = async_args()
+    monitor = StalenessMonitor()
+    logs = async_logs(steps=60, dropped=lambda step: 30.0 if step >= 40 else 0.0)
+    drive([monitor], logs[:41], args)  # stale from step 40: a streak of 2 at the checkpoint (step 41)
+    exported = json.loads(json.dumps(monitor.state()))
+    assert exported["attributes"]["monitor_state"]["last_window_end"] == 41
+    assert exported["attributes"]["monitor_state"]["max_staleness"] == 4
+    resumed = StalenessMonitor(**exported["args"])
+    state = TrainerState(global_step=41, stateful_callbacks={"StalenessMonitor": exported})
+    resumed.on_train_begin(args, state, TrainerControl())
+    alerts = []
+    for step, entry in logs[41:]:
+        alerts += resumed.observe(entry, step)
+    assert [(a.rule, a.step) for a in alerts] == [("stale_rollouts", 42)]  # the streak continued
+    # Without saved state the window starts at the resumed step: 32 trained in 2 steps, 40 dropped is 56 %.
+    fresh = StalenessMonitor()
+    fresh.on_train_begin(args, TrainerState(global_step=50), TrainerControl())
+    entry = {"batch/samples_per_step": 16.0, "sample/staleness_mean": 2.0, "sample/dropped_stale_total": 40.0}
+    alerts = [a for step in (52, 54, 56) for a in fresh.observe(entry, step)]
+    assert [(a.step, round(a.value, 3)) for a in alerts] == [(56, round(40 / 72, 3))]
+
+
+def test_async_runs_are_off_policy_for_the_clip_rate_monitor(async_config, caplog):
+    # A real ExtAsyncGRPOConfig: max_staleness=4 by default, no steps_per_generation/num_iterations/use_vllm.
+    assert async_config.max_staleness == 4 and not hasattr(async_config, "num_iterations")
+    monitor = ClipRateMonitor()
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        monitor.on_train_begin(async_config, TrainerState(), TrainerControl())
+    assert (monitor._expect, monitor._aggregate) == (True, 1)
+    assert not [r for r in caplog.records if "treating the run as on-policy" in r.getMessage()]
+    alerts = feed(monitor, clip_logs([0.0] * 5))
+    assert [a.rule for a in alerts] == ["clip_rate_stuck_zero"]
+    assert "although the run is off-policy (asynchronous run: max_staleness=4, so samples up to 4" in alerts[0].message
+    # max_staleness=0 trains every sample on the policy that sampled it; only a loss measured against the sampler
+    # (the IPO masked ratio: the async trainer always samples with vLLM) is off-policy then.
+    for loss_type, expect in (("dapo", False), ("ipo", True)):
+        monitor.on_train_begin(async_args(max_staleness=0, loss_type=loss_type), TrainerState(), TrainerControl())
+        assert (monitor._expect, monitor._aggregate) == (expect, 1), loss_type
+    monitor.on_train_begin(async_args(max_staleness=1), TrainerState(), TrainerControl())
+    assert monitor._expect
+
+
+def test_default_monitors_add_the_staleness_monitor_for_async_arguments(async_config):
+    monitors = default_monitors(action="stop", args=async_config)
+    assert [type(m) for m in monitors] == [ClipRateMonitor, EntropyMonitor, RewardMonitor, StalenessMonitor]
+    assert monitors[-1].action == "warn" and not monitors[-1].actions  # wasted compute, not a broken policy
+    assert len(default_monitors(args=off_policy_args())) == 3 and len(default_monitors()) == 3
+    assert isinstance(StalenessMonitor(StalenessMonitorConfig(max_wait_share=0.5)).config, StalenessMonitorConfig)
+    trainer = SimpleNamespace(
+        args=async_config, callback_handler=CallbackHandler([DefaultFlowCallback()], None, None, None, None)
+    )
+    assert [type(m) for m in add_monitors(trainer)][-1] is StalenessMonitor
+
+
+def feed_steps(monitor, logs, args):
+    """Configure ``monitor`` from ``args`` at step 0, then observe the (step, log) pairs; return the alerts."""
+    monitor.on_train_begin(args, TrainerState(), TrainerControl())
+    return [alert for step, entry in logs for alert in monitor.observe(entry, step)]

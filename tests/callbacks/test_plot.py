@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_ext.callbacks import find_trainer_state, plot_run
+from trl_ext.callbacks import ALERTS, find_trainer_state, plot_run, plotting
 from trl_ext.cli import main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -172,9 +172,64 @@ def test_alerts_and_the_monitor_settings_saved_in_the_state_are_drawn(tmp_path):
     assert (tmp_path / "monitors.png").exists()
 
 
+def async_history(steps=12, staleness=True, wait=True, alerts=()):
+    """`synthetic_history` with the keys TRL's AsyncGRPOTrainer logs (staleness: sample/*, batch/samples_per_step;
+    wait: perf/rollout_wait_s, perf/step_s - none at the first step)."""
+    history = synthetic_history(steps, alerts=alerts)
+    for entry in history[:steps]:
+        step = entry["step"]
+        if staleness:
+            entry.update({"batch/samples_per_step": 16.0, "sample/staleness_mean": 1.5, "sample/staleness_max": 3.0})
+            if step > 8:
+                entry["sample/dropped_stale_total"] = 24.0  # absent before: nothing dropped
+        if wait:
+            entry["perf/rollout_wait_s"] = 0.5
+            if step > 1:
+                entry["perf/step_s"] = 2.0
+    return history
+
+
+def test_an_asynchronous_run_gets_staleness_and_rollout_wait_panels(tmp_path):
+    monitors = {
+        "StalenessMonitor": {
+            "args": {"max_wait_share": 0.8},
+            "attributes": {"monitor_state": {"max_staleness": 4, "last_window_end": 12}},
+        }
+    }
+    history = async_history(alerts=[("stale_rollouts", 10), ("trainer_starved", 11)])
+    state_path = write_state(tmp_path / "async", history, stateful_callbacks=monitors)
+    assert png_size(plot_run(state_path)) == expected_size(5)  # reward, clip, entropy, staleness, rollout wait
+    # Without saved monitor state the panels still draw (max_staleness unknown: no line).
+    bare = write_state(tmp_path / "bare", async_history(wait=False))
+    assert png_size(plot_run(bare.parent)) == expected_size(4)  # reward, clip, entropy, staleness
+    # A synchronous run's history has neither panel.
+    sync = write_state(tmp_path / "sync", synthetic_history())
+    assert png_size(plot_run(sync.parent)) == expected_size(3)
+    # The staleness metrics alone are enough for a plot.
+    only = [{k: v for k, v in e.items() if k == "step" or "/" in k and "clip" not in k} for e in async_history()]
+    write_state(tmp_path / "only", only)
+    assert png_size(plot_run(tmp_path / "only")) == expected_size(2)
+
+
+def test_the_derived_shares_follow_trls_counting():
+    history = async_history(steps=10)
+    steps, shares = plotting._derived_series(history, plotting.DROPPED_SHARE)
+    assert steps == list(range(1, 11)) and shares == [0.0] * 8 + [0.6, 0.6]  # 24 dropped, 16 trained
+    sparse = [history[1], history[4], history[9]]  # steps 2, 5, 10: windows of 2, 3 and 5 steps
+    assert plotting._derived_series(sparse, plotting.DROPPED_SHARE)[1] == [0.0, 0.0, 24 / (24 + 80)]
+    steps, waits = plotting._derived_series(history, plotting.WAIT_SHARE)
+    assert steps == list(range(2, 11)) and waits == [0.25] * 9  # no perf/step_s at the first step
+
+
+def test_every_rule_has_a_marker_panel():
+    assert set(plotting._RULE_MARKER) == set(ALERTS)
+
+
 def test_a_history_without_grpo_metrics_is_an_error(tmp_path):
     write_state(tmp_path, [{"step": 1, "loss": 0.3}])
-    with pytest.raises(ValueError, match="no reward, clip_ratio/region_mean, ipo/masked_ratio, entropy"):
+    with pytest.raises(
+        ValueError, match="no reward, clip_ratio/region_mean, ipo/masked_ratio, entropy, kl, judge or st"
+    ):
         plot_run(tmp_path)
 
 

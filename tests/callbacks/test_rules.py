@@ -10,12 +10,18 @@ import pytest
 
 from trl_ext.callbacks import rules
 from trl_ext.callbacks.alerts import ALERTS, MonitorAlert, format_alert, format_pct
-from trl_ext.callbacks.configs import ClipRateMonitorConfig, EntropyMonitorConfig, RewardMonitorConfig
+from trl_ext.callbacks.configs import (
+    ClipRateMonitorConfig,
+    EntropyMonitorConfig,
+    RewardMonitorConfig,
+    StalenessMonitorConfig,
+)
 from trl_ext.callbacks.rules import Finding
 
 CLIP = ClipRateMonitorConfig()
 ENTROPY = EntropyMonitorConfig()
 REWARD = RewardMonitorConfig()
+STALE = StalenessMonitorConfig()
 IN_BAND = [0.05, 0.06, 0.04, 0.05, 0.055, 0.045, 0.05, 0.06]
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -150,6 +156,66 @@ def test_judge_failure():
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# StalenessMonitor's rules (asynchronous runs)
+
+
+def test_dropped_share_counts_the_dropped_against_the_samples_trained_in_the_window():
+    assert rules.dropped_share(16.0, 16.0, 1) == 0.5
+    assert rules.dropped_share(0.0, 16.0, 3) == 0.0  # the key absent from the log: nothing dropped
+    assert rules.dropped_share(8.0, 16.0, 2) == pytest.approx(0.2)  # 2 steps since the previous log: 32 trained
+    assert rules.dropped_share(5.0, 0.0, 1) == 1.0
+    assert rules.dropped_share(0.0, 0.0, 1) is None and rules.dropped_share(3.0, 16.0, 0) is None
+
+
+def test_wait_share():
+    assert rules.wait_share(0.9, 1.8) == 0.5 and rules.wait_share(1.0, 0.0) is None
+
+
+def stale(shares, means=None, max_staleness=None, config=STALE):
+    """stale_rollouts over ``shares`` at steps 1, 2, ...: (step, variant, value) of each finding."""
+    result = rules.stale_rollouts(
+        shares, range(1, len(shares) + 1), config, staleness_mean=means, max_staleness=max_staleness
+    )
+    return [(f.step, f.variant, f.value) for f in result.findings]
+
+
+def test_stale_rollouts_fires_when_more_are_dropped_than_the_limit_for_patience_logs():
+    shares = [0.0, 0.1, 0.6, 0.7, 0.55, 0.8, 0.2, 0.9, 0.9]
+    assert stale(shares) == [(5, "dropped", 0.55), (6, "dropped", 0.8)]
+    assert stale([0.5] * 6) == []  # the boundary: more than max_dropped_share, not equal
+    assert stale([0.6, 0.6, 0.4, 0.6, 0.6]) == []  # consecutive logs only
+    finding = rules.stale_rollouts([0.7] * 3, [4, 5, 6], STALE).findings[0]
+    assert finding.facts == {"streak": 3, "dropped_share": 0.7, "staleness_mean": None, "max_staleness": None}
+    assert stale([0.99] * 5, config=StalenessMonitorConfig(max_dropped_share=None)) == []
+
+
+def test_stale_rollouts_pinned_at_max_staleness_counts_only_while_samples_are_dropped():
+    at_limit = [2.0] * 4
+    assert stale([0.1] * 4, at_limit, max_staleness=2) == [(3, "pinned", 2.0), (4, "pinned", 2.0)]
+    # At the limit without drops: a pipeline that runs at max_staleness by design.
+    assert stale([0.0] * 6, [2.0] * 6, max_staleness=2) == []
+    assert stale([0.1] * 4, [1.9] * 4, max_staleness=2) == []  # one sample below the limit: not pinned
+    assert stale([0.1] * 4, [0.0] * 4, max_staleness=0) == []  # max_staleness=0: every sample is at the limit
+    assert stale([0.1] * 4, at_limit, max_staleness=None) == []  # the limit unknown
+    assert stale([0.1] * 4, [2.0, None, 2.0, 2.0], max_staleness=2) == []  # not logged: not pinned
+    assert stale([0.1] * 4, at_limit, max_staleness=2, config=StalenessMonitorConfig(watch_pinned=False)) == []
+    # Both conditions: the dropped share is the one reported; the streak counts either.
+    assert stale([0.1, 0.1, 0.7], [2.0] * 3, max_staleness=2) == [(3, "dropped", 0.7)]
+    with pytest.raises(ValueError, match="staleness_mean has 1 values for 2 dropped shares"):
+        stale([0.1, 0.1], [2.0], max_staleness=2)
+
+
+def test_trainer_starved_fires_after_patience_logs_above_the_wait_share():
+    assert steps_of(rules.trainer_starved, [0.5] + [0.95] * 6, STALE) == [6, 7]
+    assert steps_of(rules.trainer_starved, [0.9] * 8, STALE) == []  # the boundary: above, not equal
+    assert steps_of(rules.trainer_starved, [0.95] * 4 + [0.5] + [0.95] * 4, STALE) == []
+    assert steps_of(rules.trainer_starved, [1.0] * 8, StalenessMonitorConfig(max_wait_share=None)) == []
+    assert steps_of(
+        rules.trainer_starved, [0.7] * 3, StalenessMonitorConfig(max_wait_share=0.6, starved_patience=2)
+    ) == [2, 3]
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Memory, episodes
 
 
@@ -164,6 +230,8 @@ SERIES = [
     (rules.reward_collapse, REWARD, [0.1] * 5 + [0.7] * 7 + [0.1] * 8),
     (rules.reward_no_signal, REWARD, [0.95] * 7 + [0.1] + [1.0] * 6),
     (rules.judge_failure, REWARD, [0.3, 0.5, 0.1, 0.6, 0.7]),
+    (rules.stale_rollouts, STALE, [0.1, 0.6, 0.7, 0.8, 0.2, 0.9, 0.9, 0.9]),
+    (rules.trainer_starved, STALE, [0.95] * 6 + [0.1] + [0.99] * 5),
 ]
 
 
@@ -202,7 +270,9 @@ def test_episode_starts_once_per_episode_rearm_and_start_step():
 # Settings
 
 
-@pytest.mark.parametrize("config_class", [ClipRateMonitorConfig, EntropyMonitorConfig, RewardMonitorConfig])
+@pytest.mark.parametrize(
+    "config_class", [ClipRateMonitorConfig, EntropyMonitorConfig, RewardMonitorConfig, StalenessMonitorConfig]
+)
 def test_every_setting_has_help_and_floats_are_normalised(config_class):
     for setting in dataclasses.fields(config_class):
         assert setting.metadata.get("help"), setting.name
@@ -219,6 +289,14 @@ def test_config_errors_name_the_value_and_the_fix():
         EntropyMonitorConfig(kl_metric="")
     with pytest.raises(ValueError, match=r"RewardMonitorConfig: max_drop=0 must be > 0\.0 and <= 1\.0"):
         RewardMonitorConfig(max_drop=0)
+    with pytest.raises(ValueError, match=r"StalenessMonitorConfig: max_wait_share=1 must be >= 0\.0 and < 1\.0"):
+        StalenessMonitorConfig(max_wait_share=1)
+    with pytest.raises(ValueError, match=r"StalenessMonitorConfig: max_staleness=-1 must be >= 0"):
+        StalenessMonitorConfig(max_staleness=-1)
+    with pytest.raises(TypeError, match=r"StalenessMonitorConfig: watch_pinned='yes' must be True or False"):
+        StalenessMonitorConfig(watch_pinned="yes")
+    with pytest.raises(TypeError, match=r"StalenessMonitorConfig: wait_metric='' must be a logged key"):
+        StalenessMonitorConfig(wait_metric="")
 
 
 def test_noise_sigma_and_median():
@@ -234,7 +312,7 @@ def test_noise_sigma_and_median():
 
 def sample_fields(rule):
     """Every field a template may name, with the monitor's defaults and plausible finding facts."""
-    config = {"clip": CLIP, "entr": ENTROPY, "kl_s": ENTROPY}.get(rule[:4], REWARD)
+    config = {"clip": CLIP, "entr": ENTROPY, "kl_s": ENTROPY, "stal": STALE, "trai": STALE}.get(rule[:4], REWARD)
     return {
         **dataclasses.asdict(config),
         "metric": "clip_ratio/region_mean",
@@ -254,6 +332,20 @@ def sample_fields(rule):
         "steps_per_generation": 1,
         "num_iterations": 2,
         "use_vllm": False,
+        "dropped_share": 0.62,
+        "staleness_mean": 2.0,
+        "max_staleness": None,  # a synchronous run; async_fields adds it
+    }
+
+
+def async_fields(rule, max_staleness=4):
+    """`sample_fields` for an asynchronous run (TRL's AsyncGRPOConfig: no steps_per_generation/num_iterations)."""
+    return {
+        **sample_fields(rule),
+        "steps_per_generation": None,
+        "num_iterations": None,
+        "use_vllm": True,
+        "max_staleness": max_staleness,
     }
 
 
@@ -262,8 +354,26 @@ def test_the_table_covers_every_rule_and_every_template_formats():
     for rule, text in ALERTS.items():
         assert text.meaning and text.check
         for variant in text.variants or [""]:
-            message = format_alert(rule, sample_fields(rule), variant)
-            assert "{" not in message and "}" not in message and "What to do:" in message, rule
+            for fields in (sample_fields(rule), async_fields(rule)):
+                message = format_alert(rule, fields, variant)
+                assert "{" not in message and "}" not in message and "What to do:" in message, rule
+
+
+def test_the_alerts_say_when_the_run_is_asynchronous():
+    low = format_alert("clip_rate_low", {**async_fields("clip_rate_low"), "value": 0.004})
+    assert "in an off-policy run (asynchronous run: max_staleness=4, so samples up to 4 policy versions old" in low
+    assert "steps_per_generation" not in low
+    high = format_alert("clip_rate_high", async_fields("clip_rate_high"))
+    assert "or for samples up to max_staleness=4 policy versions old (asynchronous run: lower max_staleness)" in high
+    assert "asynchronous" not in format_alert("clip_rate_high", sample_fields("clip_rate_high"))
+    assert "asynchronous" not in format_alert("clip_rate_high", async_fields("clip_rate_high", max_staleness=0))
+    dropped = format_alert("stale_rollouts", async_fields("stale_rollouts"), "dropped")
+    assert dropped.startswith("Stale rollouts dominate: 62% of the rollouts that reached the trainer were dropped")
+    assert "more than max_staleness=4 policy versions old is dropped" in dropped
+    pinned = format_alert("stale_rollouts", {**async_fields("stale_rollouts"), "staleness_mean": 4.0}, "pinned")
+    assert "every sample trained was max_staleness=4 policy versions old (sample/staleness_mean 4)" in pinned
+    starved = format_alert("trainer_starved", {**async_fields("trainer_starved"), "value": 0.95})
+    assert "waited for rollouts 95.0% of its step time" in starved and "max_wait_share=0.9" in starved
 
 
 def test_format_alert_fills_in_what_is_known_about_the_run():

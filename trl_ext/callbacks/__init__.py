@@ -1,5 +1,5 @@
-"""Training monitors (the loss's trust-region metric, entropy and KL, reward) and the run-health plot
-(docs/monitoring.md).
+"""Training monitors (the loss's trust-region metric, entropy and KL, reward, an asynchronous run's staleness) and
+the run-health plot (docs/monitoring.md).
 
 - `trl_ext.callbacks.configs`: the monitors' settings (``*MonitorConfig``) and their validation.
 - `trl_ext.callbacks.rules`: the rules as pure functions over metric series.
@@ -20,6 +20,7 @@ _LAZY = {
     "ClipRateMonitor": "trl_ext.callbacks.monitors",
     "EntropyMonitor": "trl_ext.callbacks.monitors",
     "RewardMonitor": "trl_ext.callbacks.monitors",
+    "StalenessMonitor": "trl_ext.callbacks.monitors",
     "MonitorCallback": "trl_ext.callbacks.base",
     "default_monitors": "trl_ext.callbacks.monitors",
     "add_monitors": "trl_ext.callbacks.monitors",
@@ -28,6 +29,7 @@ _LAZY = {
     "ClipRateMonitorConfig": "trl_ext.callbacks.configs",
     "EntropyMonitorConfig": "trl_ext.callbacks.configs",
     "RewardMonitorConfig": "trl_ext.callbacks.configs",
+    "StalenessMonitorConfig": "trl_ext.callbacks.configs",
     "plot_run": "trl_ext.callbacks.plotting",
     "find_trainer_state": "trl_ext.callbacks.plotting",
 }

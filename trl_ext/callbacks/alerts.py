@@ -55,7 +55,8 @@ ALERTS: dict[str, AlertText] = {
         "sampling/sampling_logp_difference/mean",
         message="{label} {value:pct} has been above the healthy band ({healthy_min:pct}–{healthy_max:pct}) for "
         "{streak} observations: the trained policy is far from the one that sampled the tokens. Likely causes: "
-        "{lr_text} too high for {passes} update pass(es) per generation batch; or {mismatch_causes}. What to do: "
+        "{lr_text} too high for {passes} update pass(es) per generation batch{staleness_cause}; or "
+        "{mismatch_causes}. What to do: "
         "lower the learning rate or num_iterations/steps_per_generation; with vLLM compare "
         "sampling/sampling_logp_difference/mean, check the adapter is pushed to vLLM after every optimizer step, "
         "and that trainer and generator use the same chat template and dtype (vllm_dtype for colocated vLLM, "
@@ -169,6 +170,47 @@ ALERTS: dict[str, AlertText] = {
         "What to do: check the judge server's logs, raise the timeout or lower the concurrency, and test the judge "
         "prompt on a few traces.",
     ),
+    "stale_rollouts": AlertText(
+        meaning="an asynchronous run throws away many rollouts as too old (more than half by default), or trains "
+        "only on samples at the max_staleness limit while dropping others: generation is wasted",
+        check="sample/dropped_stale_total, sample/staleness_mean vs max_staleness, sample/rollout_queue_size, "
+        "sample/time_in_queue_s",
+        message="Stale rollouts dominate: {what}. A sample more than {staleness_limit} policy versions old is "
+        "dropped unread when the trainer takes it from the rollout queue, so the generation spent on it is lost, "
+        "and the samples kept are as off-policy as the run allows. Likely causes: the rollout worker runs too far "
+        "ahead of the trainer (max_inflight_tasks or queue_maxsize larger than what the trainer consumes within "
+        "max_staleness steps: a full queue, high sample/rollout_queue_size, long sample/time_in_queue_s); a "
+        "trainer step that slowed down (weight sync, checkpoints, longer batches); completions so long that one "
+        "spans more than max_staleness optimizer steps; or max_staleness=0, which drops every sample whose policy "
+        "changed during its generation. What to do: lower max_inflight_tasks (TRL's automatic value is "
+        "max_staleness x the samples per step) or queue_maxsize so the worker does not run ahead, raise "
+        "max_staleness if the loss tolerates older samples (the clipped and IPO losses bound their ratios), or "
+        "make the trainer step faster.",
+        variants={
+            "dropped": "{dropped_share:.0%} of the rollouts that reached the trainer were dropped as stale (above "
+            "max_dropped_share={max_dropped_share:g}) for {streak} logs",
+            "pinned": "every sample trained was {staleness_limit} policy versions old (sample/staleness_mean "
+            "{staleness_mean:.3g}) while {dropped_share:.0%} of the rollouts were dropped as stale, for {streak} "
+            "logs",
+        },
+    ),
+    "trainer_starved": AlertText(
+        meaning="an asynchronous run's trainer waits for rollouts most of each step (90 % by default): "
+        "generation sets the pace and the trainer idles",
+        check="perf/rollout_wait_s vs perf/step_s, sample/rollout_queue_size (0 when starved), rollout/inflight, "
+        "rollout/generated_tok_s, rollout/score_s",
+        message="The rollout worker starves the trainer: it waited for rollouts {value:pct} of its step time "
+        "(perf/rollout_wait_s / perf/step_s above max_wait_share={max_wait_share:g}) for {streak} logs, so the "
+        "trainer idles and generation sets the pace. Likely causes: too few generation requests in flight "
+        "(max_inflight_tasks; TRL's automatic value is max_staleness x the samples per step, so a small "
+        "{staleness_limit} also limits generation), a vLLM server too small or shared for the load (compare "
+        "rollout/generated_tok_s with what it serves alone), long completions, slow reward functions or tools "
+        "(rollout/score_s), or a server that restarted or fails requests. What to do: raise max_inflight_tasks or "
+        "max_staleness, give vLLM more capacity (more GPUs or replicas, a larger KV cache), lower "
+        "max_completion_length, or speed up the reward functions. A test set-up whose generation is far slower "
+        "than its training (vLLM on the CPU, a tiny model) is starved by construction: max_wait_share=None "
+        "silences the rule.",
+    ),
 }
 
 
@@ -189,17 +231,32 @@ _FORMATTER = _AlertFormatter()
 
 def _phrases(fields: Mapping[str, Any]) -> dict[str, str]:
     """The wording that depends on what is known about the run (an unknown learning rate, no training arguments)."""
-    lr, metric = fields.get("learning_rate"), fields.get("metric")
+    lr, metric, max_staleness = fields.get("learning_rate"), fields.get("metric"), fields.get("max_staleness")
     known_lr = is_number(lr)
-    policy = (
-        " (gradient_accumulation_steps={gradient_accumulation_steps}, steps_per_generation={steps_per_generation}, "
-        "num_iterations={num_iterations}, use_vllm={use_vllm})"
-    )
+    if is_number(max_staleness):  # TRL's asynchronous trainer: samples up to max_staleness policy versions old
+        policy_facts = (
+            f" (asynchronous run: max_staleness={max_staleness}, so samples up to {max_staleness} policy versions "
+            "old are trained on, with the sampler's log-probs as the old ones)"
+        )
+    elif fields.get("gradient_accumulation_steps") is not None:
+        policy_facts = (
+            " (gradient_accumulation_steps={gradient_accumulation_steps}, steps_per_generation="
+            "{steps_per_generation}, num_iterations={num_iterations}, use_vllm={use_vllm})"
+        ).format(**fields)
+    else:
+        policy_facts = ""
     return {
         "label": trust_region_label(metric) if isinstance(metric, str) else "",
         "lr_text": f"learning_rate={lr:g}" if known_lr else "the learning rate",
         "lr_too_high": f"learning rate too high (learning_rate={lr:g})" if known_lr else "learning rate too high",
-        "policy_facts": policy.format(**fields) if fields.get("gradient_accumulation_steps") is not None else "",
+        "policy_facts": policy_facts,
+        "staleness_limit": f"max_staleness={max_staleness}" if is_number(max_staleness) else "max_staleness",
+        "staleness_cause": (
+            f", or for samples up to max_staleness={max_staleness} policy versions old (asynchronous run: lower "
+            "max_staleness)"
+            if is_number(max_staleness) and max_staleness > 0
+            else ""
+        ),
         "passes": str(fields.get("num_iterations") or "the"),
         "early_level": f" (early level {fields['baseline']:.4g})" if fields.get("baseline") is not None else "",
         "mismatch_causes": MISMATCH_CAUSES,
@@ -214,7 +271,8 @@ def format_alert(rule: str, fields: Mapping[str, Any], variant: str = "") -> str
         fields: the values the templates name: the monitor's settings (``healthy_max``, ``kl_max``, ...), the
             finding's ``value`` and facts (``streak``, ``reference``, ...), ``metric`` (the logged key) and the
             run facts the monitor knows (``learning_rate``, ``gradient_accumulation_steps``,
-            ``steps_per_generation``, ``num_iterations``, ``use_vllm``; absent or None when unknown).
+            ``steps_per_generation``, ``num_iterations``, ``use_vllm``, and ``max_staleness`` in an asynchronous
+            run; absent or None when unknown).
         variant: the finding's variant, choosing the ``{what}`` wording of rules that have several.
 
     Raises:

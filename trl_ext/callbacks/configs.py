@@ -1,4 +1,5 @@
-"""The monitors' settings: `ClipRateMonitorConfig`, `EntropyMonitorConfig`, `RewardMonitorConfig` (docs/monitoring.md).
+"""The monitors' settings: `ClipRateMonitorConfig`, `EntropyMonitorConfig`, `RewardMonitorConfig`,
+`StalenessMonitorConfig` (docs/monitoring.md).
 
 Each is a frozen dataclass whose fields carry their default and help text (`trl_ext.fields.documented`) and whose
 ``__post_init__`` validates them: every error names the config, the setting, the bad value and a valid example
@@ -18,6 +19,7 @@ __all__ = [
     "ClipRateMonitorConfig",
     "EntropyMonitorConfig",
     "RewardMonitorConfig",
+    "StalenessMonitorConfig",
     "check_float",
     "check_int",
     "is_number",
@@ -269,3 +271,65 @@ class RewardMonitorConfig(_Config):
         self._key("reward_metric", "reward")
         self._key("zero_std_metric", "frac_reward_zero_std")
         self._key("judge_failure_metric", "judge/failure_ratio")
+
+
+@dataclass(frozen=True)
+class StalenessMonitorConfig(_Config):
+    """Settings of `StalenessMonitor`: the rollout pipeline of an asynchronous run (TRL's `AsyncGRPOTrainer`).
+
+    Stale rollouts: ``max_dropped_share``, ``watch_pinned``, ``stale_patience``, ``max_staleness``.
+    Starved trainer: ``max_wait_share``, ``starved_patience``.
+    Wiring: ``dropped_metric``, ``samples_metric``, ``staleness_metric``, ``wait_metric``, ``step_time_metric``.
+    """
+
+    max_dropped_share: float | None = documented(
+        0.5,
+        "A log counts as stale-dominated when more than this share of the rollouts that reached the trainer were "
+        "dropped as stale (0.5 = more dropped than trained); None disables the condition.",
+    )
+    watch_pinned: bool = documented(
+        True,
+        "Also count a log as stale-dominated when every sample trained in it was exactly max_staleness policy "
+        "versions old (mean staleness at the limit) while others were dropped as stale in the same log.",
+    )
+    stale_patience: int = documented(3, "Consecutive stale-dominated logs before stale_rollouts fires.")
+    max_staleness: int | None = documented(
+        None,
+        "The run's max_staleness (the pinned condition compares the mean staleness with it); None reads it from "
+        "the training arguments at train begin.",
+    )
+    max_wait_share: float | None = documented(
+        0.9,
+        "trainer_starved counts a log when the trainer waited for rollouts more than this share of its step time "
+        "(perf/rollout_wait_s / perf/step_s); None disables the rule.",
+    )
+    starved_patience: int = documented(5, "Consecutive starved logs before trainer_starved fires.")
+    dropped_metric: str = documented(
+        "sample/dropped_stale_total", "Logged key of the samples dropped as stale in the log's window (a count)."
+    )
+    samples_metric: str = documented(
+        "batch/samples_per_step", "Logged key of the samples trained per optimizer step (mean over the window)."
+    )
+    staleness_metric: str = documented(
+        "sample/staleness_mean", "Logged key of the mean staleness, in policy versions, of the samples trained."
+    )
+    wait_metric: str = documented(
+        "perf/rollout_wait_s", "Logged key of the seconds per step the trainer waited for rollouts."
+    )
+    step_time_metric: str = documented("perf/step_s", "Logged key of the seconds per optimizer step.")
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        self._float("max_dropped_share", 0.5, low=0.0, high=1.0, high_inclusive=False, allow_none=True)
+        if not isinstance(self.watch_pinned, bool):
+            raise TypeError(f"{owner}: watch_pinned={self.watch_pinned!r} must be True or False.")
+        self._int("stale_patience", 1, 3)
+        if self.max_staleness is not None:
+            self._int("max_staleness", 0, 4)
+        self._float("max_wait_share", 0.9, low=0.0, high=1.0, high_inclusive=False, allow_none=True)
+        self._int("starved_patience", 1, 5)
+        self._key("dropped_metric", "sample/dropped_stale_total")
+        self._key("samples_metric", "batch/samples_per_step")
+        self._key("staleness_metric", "sample/staleness_mean")
+        self._key("wait_metric", "perf/rollout_wait_s")
+        self._key("step_time_metric", "perf/step_s")

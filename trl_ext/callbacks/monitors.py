@@ -1,10 +1,12 @@
 """The trl-ext training monitors (docs/monitoring.md): `ClipRateMonitor` (the loss's trust-region metric: TRL's
-clip rate, the IPO masked ratio), `EntropyMonitor` (entropy and KL), `RewardMonitor` (reward and judge), the
-recommended set (`default_monitors`) and `add_monitors`, which puts them ahead of the loggers.
+clip rate, the IPO masked ratio), `EntropyMonitor` (entropy and KL), `RewardMonitor` (reward and judge),
+`StalenessMonitor` (the rollout pipeline of an asynchronous run), the recommended set (`default_monitors`) and
+`add_monitors`, which puts them ahead of the loggers.
 
-Each reads the metrics TRL's `GRPOTrainer` and trl-ext log (``clip_ratio/region_mean`` or the loss's own trust-region
-metric, ``entropy``, ``kl``, ``reward``, ``frac_reward_zero_std``, ``judge/failure_ratio``); the engine they share
-(alert episodes, actions, state export and restore) is `trl_ext.callbacks.base.MonitorCallback`.
+Each reads the metrics TRL's `GRPOTrainer` (or `AsyncGRPOTrainer`) and trl-ext log (``clip_ratio/region_mean`` or
+the loss's own trust-region metric, ``entropy``, ``kl``, ``reward``, ``frac_reward_zero_std``,
+``judge/failure_ratio``, ``sample/staleness_mean``, ``perf/rollout_wait_s``, ...); the engine they share (alert
+episodes, actions, state export and restore) is `trl_ext.callbacks.base.MonitorCallback`.
 """
 
 from __future__ import annotations
@@ -13,12 +15,18 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from transformers import TrainerState, TrainingArguments
+from transformers import TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import DefaultFlowCallback
 
 from ..losses import LOSSES, trust_region_loss, trust_region_metrics
 from .base import MonitorCallback, Rule, check_action, logger, metric_value
-from .configs import ClipRateMonitorConfig, EntropyMonitorConfig, RewardMonitorConfig, is_number
+from .configs import (
+    ClipRateMonitorConfig,
+    EntropyMonitorConfig,
+    RewardMonitorConfig,
+    StalenessMonitorConfig,
+    is_number,
+)
 from .rules import (
     Finding,
     clip_rate_drop,
@@ -26,15 +34,34 @@ from .rules import (
     clip_rate_jump,
     clip_rate_low,
     clip_rate_stuck_zero,
+    dropped_share,
     entropy_baseline,
     entropy_collapse,
     judge_failure,
     kl_spike,
     reward_collapse,
     reward_no_signal,
+    stale_rollouts,
+    trainer_starved,
+    wait_share,
 )
 
-__all__ = ["ClipRateMonitor", "EntropyMonitor", "RewardMonitor", "add_monitors", "default_monitors"]
+__all__ = [
+    "ClipRateMonitor",
+    "EntropyMonitor",
+    "RewardMonitor",
+    "StalenessMonitor",
+    "add_monitors",
+    "async_max_staleness",
+    "default_monitors",
+]
+
+
+def async_max_staleness(args: Any) -> int | None:
+    """The ``max_staleness`` of an asynchronous run's arguments (TRL's `AsyncGRPOConfig`, trl-ext's
+    `ExtAsyncGRPOConfig`), or None for a synchronous run (arguments without an int ``max_staleness``)."""
+    value = getattr(args, "max_staleness", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class ClipRateMonitor(MonitorCallback):
@@ -63,7 +90,8 @@ class ClipRateMonitor(MonitorCallback):
     Off-policy: TRL's clip rate can only be non-zero when ``gradient_accumulation_steps`` is not a multiple of
     ``steps_per_generation × num_iterations`` (otherwise old log-probs equal the current ones, also with vLLM);
     a loss whose metric compares against the sampler's log-probs (``LossSpec.measured_against_sampler``, e.g. the
-    IPO masked ratio) is also non-zero with ``use_vllm``.
+    IPO masked ratio) is also non-zero with ``use_vllm``. An asynchronous run (TRL's ``AsyncGRPOTrainer``: its
+    arguments have ``max_staleness``) is off-policy when ``max_staleness > 0``, and always samples with vLLM.
     When the run is fully on-policy the value 0 is legitimate and the low/stuck rules stay idle.
 
     Args:
@@ -95,11 +123,21 @@ class ClipRateMonitor(MonitorCallback):
         spg = getattr(args, "steps_per_generation", None)
         num_iterations = getattr(args, "num_iterations", None)
         use_vllm = bool(getattr(args, "use_vllm", False))
+        max_staleness = async_max_staleness(args)
         self._context.update(
-            gradient_accumulation_steps=ga, steps_per_generation=spg, num_iterations=num_iterations, use_vllm=use_vllm
+            gradient_accumulation_steps=ga,
+            steps_per_generation=spg,
+            num_iterations=num_iterations,
+            use_vllm=use_vllm,
+            max_staleness=max_staleness,
         )
-        known = all(isinstance(x, int) and x > 0 for x in (ga, spg, num_iterations))
-        if known:
+        known = max_staleness is not None or all(isinstance(x, int) and x > 0 for x in (ga, spg, num_iterations))
+        if max_staleness is not None:
+            # TRL's AsyncGRPOTrainer: one pass per sample, p_old = the vLLM sampler's log-probs, and samples up to
+            # max_staleness policy versions old; off-policy as soon as it may train on an older version.
+            use_vllm = True
+            trainer_off_policy, cycle_steps = max_staleness > 0, 1
+        elif known:
             generate_every = spg * num_iterations  # micro-steps between generations
             trainer_off_policy = ga % generate_every != 0
             cycle_steps = math.lcm(ga, generate_every) // ga  # optimizer steps per generation cycle
@@ -116,8 +154,8 @@ class ClipRateMonitor(MonitorCallback):
             if not known and state.is_world_process_zero:
                 logger.info(
                     "ClipRateMonitor: the training arguments lack gradient_accumulation_steps/steps_per_generation/"
-                    "num_iterations; treating the run as on-policy (low and stuck-at-0 rules idle). "
-                    "Pass expect_nonzero=True to enable them."
+                    "num_iterations (and max_staleness, for an asynchronous run); treating the run as on-policy "
+                    "(low and stuck-at-0 rules idle). Pass expect_nonzero=True to enable them."
                 )
         if self.config.aggregate_logs is not None:
             self._aggregate = self.config.aggregate_logs
@@ -240,24 +278,123 @@ class RewardMonitor(MonitorCallback):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def default_monitors(action: str = "warn", stop_on_collapse: bool = True) -> list[MonitorCallback]:
-    """The recommended monitor set: `ClipRateMonitor`, `EntropyMonitor` and `RewardMonitor` with default thresholds.
+class StalenessMonitor(MonitorCallback):
+    """Watch the rollout pipeline of an asynchronous run (TRL's `AsyncGRPOTrainer`, `ExtAsyncGRPOTrainer`):
+    stale rollouts that dominate, and a trainer starved of rollouts (docs/monitoring.md).
+
+    Rules (log keys ``monitor/alerts/<rule>``; conditions and thresholds in `trl_ext.callbacks.rules`):
+        - ``stale_rollouts``: for ``stale_patience`` logs, more than ``max_dropped_share`` of the rollouts that
+          reached the trainer were dropped as stale, or (``watch_pinned``) every sample trained was exactly
+          ``max_staleness`` versions old while others were dropped (`stale_rollouts`). The share is
+          `dropped_share` of ``sample/dropped_stale_total`` (absent from a log: none dropped) against
+          ``batch/samples_per_step`` × the optimizer steps since the previous log.
+        - ``trainer_starved``: for ``starved_patience`` logs, the trainer waited for rollouts more than
+          ``max_wait_share`` of its step (``perf/rollout_wait_s / perf/step_s``, `trainer_starved`). The first log
+          of a session is not judged: TRL logs no ``perf/step_s`` for the first step, whose wait includes the
+          worker's start-up.
+
+    A rule whose keys are not in a log is idle for that log: a synchronous run, an eval log, and every rank but the
+    main process (where TRL keeps the rollout queue and logs its metrics). Since only the main process sees these
+    metrics, only ``action="warn"`` is allowed with several processes (a stop or a checkpoint on one rank would
+    hang the others); `default_monitors` gives this monitor ``"warn"``.
 
     Args:
-        action: action of every rule (``"warn"``, ``"checkpoint"`` or ``"stop"``).
+        config: a `StalenessMonitorConfig` (``max_dropped_share``, ``watch_pinned``, ``stale_patience``,
+            ``max_staleness``, ``max_wait_share``, ``starved_patience``, ``dropped_metric``, ``samples_metric``,
+            ``staleness_metric``, ``wait_metric``, ``step_time_metric``), or its fields as keywords.
+        action, actions, start_step, rearm_after: see `MonitorCallback`.
+    """
+
+    rules = ("stale_rollouts", "trainer_starved")
+    config_class = StalenessMonitorConfig
+    config: StalenessMonitorConfig
+
+    def __init__(self, config: StalenessMonitorConfig | None = None, **kwargs: Any):
+        super().__init__(config, **kwargs)
+        self._session_start = 0  # global step at train begin: the start of the first log window
+        self._waits_seen = False  # whether this session has logged a rollout wait yet (the first is not judged)
+
+    def _initial_extra_state(self) -> dict[str, Any]:
+        # last_window_end: global step of the previous log with a sample count (the window's start);
+        # max_staleness: the run's, read by `plot_run`.
+        return {"last_window_end": None, "max_staleness": self.config.max_staleness}
+
+    def _configure(self, args: TrainingArguments, state: TrainerState) -> None:
+        super()._configure(args, state)
+        self._session_start, self._waits_seen = state.global_step, False
+        world_size = getattr(args, "world_size", 1)
+        acting = sorted({self.actions.get(rule, self.action) for rule in self.rules} - {"warn"})
+        if isinstance(world_size, int) and world_size > 1 and acting:
+            raise ValueError(
+                f"StalenessMonitor: action {acting[0]!r} with {world_size} processes. TRL's asynchronous trainer logs "
+                "the staleness and rollout-wait metrics on the main process only, so a stop or a checkpoint would be "
+                "taken there alone and the other ranks would hang; use StalenessMonitor(action='warn')."
+            )
+        max_staleness = self.config.max_staleness
+        if max_staleness is None:
+            max_staleness = async_max_staleness(args)
+        self._context["max_staleness"] = max_staleness
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        super().on_train_begin(args, state, control, **kwargs)
+        self.monitor_state["max_staleness"] = self._context.get("max_staleness")
+
+    def _check(self, logs: Mapping[str, Any], step: int) -> list[tuple[Finding, str]]:
+        config, st, fired = self.config, self.monitor_state, []
+        samples = metric_value(logs, config.samples_metric)
+        staleness = metric_value(logs, config.staleness_metric)
+        if samples is not None and staleness is not None:  # a training log of the main process
+            previous = st.get("last_window_end")
+            start = self._session_start if previous is None else max(previous, self._session_start)
+            st["last_window_end"] = step
+            share = dropped_share(metric_value(logs, config.dropped_metric) or 0.0, samples, step - start)
+            if share is not None:
+                max_staleness = self._context.get("max_staleness", config.max_staleness)
+                finding = self._evaluate(
+                    stale_rollouts, share, step, staleness_mean=[staleness], max_staleness=max_staleness
+                )
+                if finding is not None:
+                    fired.append(
+                        (finding, config.dropped_metric if finding.variant == "dropped" else config.staleness_metric)
+                    )
+        wait = metric_value(logs, config.wait_metric)
+        if wait is not None:
+            first, self._waits_seen = not self._waits_seen, True
+            step_s = metric_value(logs, config.step_time_metric)
+            share = None if first or step_s is None else wait_share(wait, step_s)
+            if share is not None and (finding := self._evaluate(trainer_starved, share, step)) is not None:
+                fired.append((finding, config.wait_metric))
+        return fired
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def default_monitors(action: str = "warn", stop_on_collapse: bool = True, args: Any = None) -> list[MonitorCallback]:
+    """The recommended monitor set: `ClipRateMonitor`, `EntropyMonitor` and `RewardMonitor` with default thresholds,
+    and `StalenessMonitor` for an asynchronous run.
+
+    Args:
+        action: action of every rule (``"warn"``, ``"checkpoint"`` or ``"stop"``) but the `StalenessMonitor`'s,
+            which warn (its rules flag wasted compute, not a broken policy, and only the main process sees them).
         stop_on_collapse: stop training on ``entropy_collapse`` and ``reward_collapse`` (a collapsed policy does
             not recover; the last regular checkpoint is the one to restart from). False keeps ``action`` for them.
+        args: the run's training arguments; when they have ``max_staleness`` (TRL's `AsyncGRPOConfig`,
+            `ExtAsyncGRPOConfig`) the set also holds a `StalenessMonitor`. None: the synchronous set.
 
     Returns:
         A list to pass as ``callbacks=`` (or to `add_monitors`, which also puts them ahead of the loggers).
     """
     check_action("default_monitors", "action", action)
     collapse = "stop" if stop_on_collapse else action
-    return [
+    monitors: list[MonitorCallback] = [
         ClipRateMonitor(action=action),
         EntropyMonitor(action=action, actions={"entropy_collapse": collapse}),
         RewardMonitor(action=action, actions={"reward_collapse": collapse}),
     ]
+    if async_max_staleness(args) is not None:
+        monitors.append(StalenessMonitor(action="warn"))
+    return monitors
 
 
 def add_monitors(trainer: Any, monitors: Sequence[MonitorCallback] | None = None) -> list[MonitorCallback]:
@@ -266,7 +403,7 @@ def add_monitors(trainer: Any, monitors: Sequence[MonitorCallback] | None = None
     The `Trainer` calls callbacks in order and puts the reporting integrations (wandb, trackio, tensorboard, ...)
     before the ones passed as ``callbacks=``; a monitor placed after them adds its ``monitor/alerts/<rule>`` keys
     too late for that log to reach them. This helper moves the monitors (given ones, or those already in the
-    trainer, or `default_monitors()` when there are none) in front.
+    trainer, or `default_monitors` for the trainer's arguments when there are none) in front.
 
     Returns:
         The monitors, in their new order.
@@ -274,7 +411,7 @@ def add_monitors(trainer: Any, monitors: Sequence[MonitorCallback] | None = None
     handler = trainer.callback_handler
     present = [cb for cb in handler.callbacks if isinstance(cb, MonitorCallback)]
     if monitors is None:
-        monitors = present or default_monitors()
+        monitors = present or default_monitors(args=getattr(trainer, "args", None))
     monitors = list(monitors)
     for monitor in monitors:
         if not isinstance(monitor, MonitorCallback):

@@ -1,5 +1,6 @@
 """One-look plot of a GRPO run's health: reward, the loss's trust-region metric (TRL's clip rate, the IPO masked
-ratio: `trl_ext.losses.trust_region_metrics`), entropy, KL, judge share and alerts.
+ratio: `trl_ext.losses.trust_region_metrics`), entropy, KL, judge share, an asynchronous run's staleness and
+rollout wait, and alerts.
 
 `plot_run` reads the ``log_history`` of the run's ``trainer_state.json`` and draws one PNG. It needs matplotlib,
 an optional extra (``pip install 'trl-ext[plot]'``), imported only when a plot is drawn. It uses matplotlib's Agg
@@ -19,10 +20,15 @@ from typing import Any
 
 from ..losses import LOSSES, trust_region_metrics
 from .alerts import ALERT_KEY_PREFIX
-from .configs import ClipRateMonitorConfig, EntropyMonitorConfig
+from .configs import ClipRateMonitorConfig, EntropyMonitorConfig, StalenessMonitorConfig
+from .rules import dropped_share, wait_share
 
 TRAINER_STATE_NAME = "trainer_state.json"
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+_STALENESS = StalenessMonitorConfig()  # the logged keys of TRL's asynchronous trainer
+# Series derived from several logged keys, drawn and marked like logged ones.
+WAIT_SHARE = "rollout wait / step time"
+DROPPED_SHARE = "dropped as stale"
 
 # The panel where a rule's marker goes and its metric (first present; the clip panel's: the registered losses'
 # trust-region metrics); every alert also gets a line across panels.
@@ -37,8 +43,10 @@ _RULE_MARKER = {
     "reward_collapse": ("reward", ("reward",)),
     "reward_no_signal": ("reward", ("reward",)),
     "judge_failure": ("judge", ("judge/failure_ratio",)),
+    "stale_rollouts": ("staleness", (_STALENESS.staleness_metric,)),
+    "trainer_starved": ("wait", (WAIT_SHARE,)),
 }
-_PERCENT_PANELS = {"clip", "judge"}
+_PERCENT_PANELS = {"clip", "judge", "wait"}
 _CLIP_COLORS = ("C1", "C4", "C5", "C8", "C9")  # the clip panel's series, in the order of `_panel_series`
 # Alert colours, distinct from the metric lines (C0-C3, C6, C7).
 _ALERT_COLORS = ("tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "black", "gold", "navy", "crimson")
@@ -95,6 +103,8 @@ def _panel_series() -> dict[str, tuple[str, ...]]:
         "entropy": ("entropy",),
         "kl": ("kl",),
         "judge": ("judge/share", "judge/failure_ratio"),
+        "staleness": (_STALENESS.staleness_metric, "sample/staleness_max"),
+        "wait": (WAIT_SHARE,),
     }
 
 
@@ -110,6 +120,37 @@ def _series(entries: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], 
             steps.append(int(entry["step"]))
             values.append(float(value))
     return steps, values
+
+
+def _derived_series(entries: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """The series of a derived key: `WAIT_SHARE` (`wait_share` of each log holding both times) or `DROPPED_SHARE`
+    (`dropped_share` of each training log of an asynchronous run, against the steps since the previous one)."""
+    steps: list[int] = []
+    values: list[float] = []
+    previous = 0
+    for entry in entries:
+        if "step" not in entry:
+            continue
+        step = int(entry["step"])
+        if key == WAIT_SHARE:
+            wait, step_s = entry.get(_STALENESS.wait_metric), entry.get(_STALENESS.step_time_metric)
+            share = wait_share(float(wait), float(step_s)) if _finite(wait) and _finite(step_s) else None
+        else:
+            samples = entry.get(_STALENESS.samples_metric)
+            if not (_finite(samples) and _finite(entry.get(_STALENESS.staleness_metric))):
+                continue
+            dropped = entry.get(_STALENESS.dropped_metric)
+            share = dropped_share(float(dropped) if _finite(dropped) else 0.0, float(samples), step - previous)
+            previous = step
+        if share is not None:
+            steps.append(step)
+            values.append(share)
+    return steps, values
+
+
+def _any_series(entries: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """A logged key's series, or a derived one's (`WAIT_SHARE`, `DROPPED_SHARE`)."""
+    return _derived_series(entries, key) if key in (WAIT_SHARE, DROPPED_SHARE) else _series(entries, key)
 
 
 def _monitor_entry(state: Mapping[str, Any], name: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -148,7 +189,9 @@ def plot_run(output_dir: str | os.PathLike[str], out: str | os.PathLike[str] | N
 
     Panels (each only when its metrics were logged): reward (± its std), clip rate / IPO masked ratio in % with
     the healthy band shaded (the band of the run's `ClipRateMonitor`, default 1–20 %), entropy (with the
-    `EntropyMonitor` floor), KL, judge share and failure ratio. Every ``monitor/alerts/<rule>`` in the logs is
+    `EntropyMonitor` floor), KL, judge share and failure ratio, and for an asynchronous run the staleness (mean and
+    max in policy versions, the run's ``max_staleness``, the share of rollouts dropped as stale) and the rollout
+    wait (share of the step time, with the `StalenessMonitor`'s ``max_wait_share``). Every ``monitor/alerts/<rule>`` in the logs is
     drawn as a vertical line across the panels and a marker on its metric's panel, with a legend of the rules.
 
     Args:
@@ -169,11 +212,11 @@ def plot_run(output_dir: str | os.PathLike[str], out: str | os.PathLike[str] | N
     ]
 
     panel_series = _panel_series()
-    panels = [name for name, keys in panel_series.items() if any(_series(history, key)[0] for key in keys)]
+    panels = [name for name, keys in panel_series.items() if any(_any_series(history, key)[0] for key in keys)]
     if not panels:
         raise ValueError(
-            f"{state_path} has no reward, {', '.join(trust_region_metrics())}, entropy, kl or judge metrics in its "
-            "log_history; is it a GRPO run with logging_steps set?"
+            f"{state_path} has no reward, {', '.join(trust_region_metrics())}, entropy, kl, judge or staleness "
+            "metrics in its log_history; is it a GRPO run with logging_steps set?"
         )
 
     alerts: dict[str, list[int]] = {}
@@ -199,6 +242,9 @@ def plot_run(output_dir: str | os.PathLike[str], out: str | os.PathLike[str] | N
     entropy_args, _ = _monitor_entry(state, "EntropyMonitor")
     entropy_floor = entropy_args.get("entropy_floor", entropy_defaults.entropy_floor)
     kl_max = entropy_args.get("kl_max", entropy_defaults.kl_max)
+    staleness_args, staleness_state = _monitor_entry(state, "StalenessMonitor")
+    max_staleness = staleness_state.get("max_staleness", staleness_args.get("max_staleness"))
+    max_wait_share = staleness_args.get("max_wait_share", _STALENESS.max_wait_share)
 
     for ax, panel in zip(axes, panels):
         scale = 100.0 if panel in _PERCENT_PANELS else 1.0
@@ -267,6 +313,31 @@ def plot_run(output_dir: str | os.PathLike[str], out: str | os.PathLike[str] | N
             if _finite(kl_max) and values and max(values) > 0.5 * kl_max:
                 ax.axhline(kl_max, color="0.4", ls=":", lw=1, label=f"kl_max {kl_max:g}")
             ax.set_ylabel("KL to reference")
+        elif panel == "staleness":
+            for key, color in zip(panel_series["staleness"], ("C0", "C9")):
+                steps, values = _series(history, key)
+                if steps:
+                    ax.plot(steps, values, color=color, lw=1.4, marker=".", ms=3, label=key)
+            if _finite(max_staleness):
+                ax.axhline(max_staleness, color="0.4", ls=":", lw=1, label=f"max_staleness {max_staleness:g}")
+            ax.set_ylabel("staleness (versions)")
+            ax.set_ylim(bottom=0)
+            steps, values = _derived_series(history, DROPPED_SHARE)
+            if any(values):
+                dropped_ax = ax.twinx()
+                dropped_ax.bar(steps, [100 * v for v in values], color="C3", alpha=0.3, label=f"% {DROPPED_SHARE}")
+                dropped_ax.set_ylabel(f"% {DROPPED_SHARE}")
+                dropped_ax.set_ylim(0, 100)
+                dropped_ax.legend(loc="upper right", fontsize=8, framealpha=0.8)
+                ax.set_zorder(dropped_ax.get_zorder() + 1)  # the staleness lines over the bars
+                ax.patch.set_visible(False)
+        elif panel == "wait":
+            steps, values = _derived_series(history, WAIT_SHARE)
+            ax.plot(steps, [100 * v for v in values], color="C8", lw=1.4, marker=".", ms=3, label=WAIT_SHARE)
+            if _finite(max_wait_share):
+                ax.axhline(100 * max_wait_share, color="0.4", ls=":", lw=1, label=f"max_wait_share {max_wait_share:g}")
+            ax.set_ylabel("rollout wait (%)")
+            ax.set_ylim(bottom=0)
         else:  # judge
             for key, color in zip(panel_series["judge"], ("C6", "C7")):
                 steps, values = _series(history, key)
@@ -285,7 +356,7 @@ def plot_run(output_dir: str | os.PathLike[str], out: str | os.PathLike[str] | N
                     marker_keys = (watched,) if watched in trust_region_metrics() else trust_region_metrics()
                 by_step: dict[int, float] = {}
                 for key in marker_keys:
-                    steps, values = _series(history, key)
+                    steps, values = _any_series(history, key)
                     if panel == "clip" and aggregate > 1:
                         steps, values = _blocks(steps, values, aggregate)
                     for s, v in zip(steps, values):
