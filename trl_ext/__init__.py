@@ -12,6 +12,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "ExtAsyncGRPOConfig": "trl_ext.trainers",
     "ExtAsyncGRPOTrainer": "trl_ext.trainers",
+    "AsyncStepwiseRLMConfig": "trl_ext.trainers",
+    "AsyncStepwiseRLMTrainer": "trl_ext.trainers",
     "ExtGRPOConfig": "trl_ext.trainers",
     "ExtGRPOTrainer": "trl_ext.trainers",
     "ipo_keep_mask": "trl_ext.losses",

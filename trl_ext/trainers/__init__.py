@@ -1,7 +1,7 @@
 """Trainers: thin subclasses of TRL's GRPOTrainer/GRPOConfig that wire trl-ext's pure modules in.
 
-The asynchronous trainer (`ExtAsyncGRPOTrainer`, `ExtAsyncGRPOConfig`, on TRL's experimental `AsyncGRPOTrainer`)
-loads on first access: importing `trl.experimental` warns that its APIs may change.
+The asynchronous trainers (`ExtAsyncGRPOTrainer`, `AsyncStepwiseRLMTrainer` and their configs, on TRL's experimental
+`AsyncGRPOTrainer`) load on first access: importing `trl.experimental` warns that its APIs may change.
 """
 
 from importlib import import_module
@@ -18,11 +18,15 @@ from .stepwise_rlm_config import StepwiseRLMConfig
 
 # public name -> module, imported on first access
 _LAZY = {
+    "AsyncStepwiseRLMConfig": "trl_ext.trainers.async_rlm",
+    "AsyncStepwiseRLMTrainer": "trl_ext.trainers.async_rlm",
     "ExtAsyncGRPOConfig": "trl_ext.trainers.ext_async_grpo_config",
     "ExtAsyncGRPOTrainer": "trl_ext.trainers.ext_async_grpo",
 }
 
 __all__ = [
+    "AsyncStepwiseRLMConfig",
+    "AsyncStepwiseRLMTrainer",
     "ExtAsyncGRPOConfig",
     "ExtAsyncGRPOTrainer",
     "ExtGRPOConfig",

@@ -14,12 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from accelerate import PartialState
 from torch import Tensor
 
 from ..losses import LossSpec, get_loss
 from ..methods import METHODS
-from .async_seam import AsyncSeam, TreeForward
+from .async_seam import AsyncSeam, TreeForward, fold_loss_weights
 from .ext_async_grpo_config import ExtAsyncGRPOConfig
+from .weight_sync import choose_weight_transfer
 
 __all__ = ["ExtAsyncGRPOTrainer", "policy_stat_sums"]
 
@@ -66,6 +68,9 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
             raise TypeError(
                 f"loss_type={loss_type!r} needs trl-ext's settings: pass args=trl_ext.ExtAsyncGRPOConfig(...)."
             )
+        if kwargs.get("weight_transfer") is None and PartialState().is_main_process:
+            # A full-weight model off CUDA has no NCCL: its weights go through vLLM's reload from disk instead.
+            kwargs["weight_transfer"] = choose_weight_transfer(model, args, peft_config=kwargs.get("peft_config"))
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         # Monitors passed as callbacks= would run after the trackers; move them ahead so alerts reach wandb & co.
         from ..callbacks.monitors import MonitorCallback, add_monitors
@@ -83,12 +88,14 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
         """TRL's loss for ``"dapo"``; otherwise the registered loss on TRL's forward of the micro-batch.
 
         The loss gets the ``M`` loss tokens of this rank's row as ``(1, M)`` tensors: log p (the gradient), p_old =
-        the sampler's log-probs, the advantages, an all-True mask, no weights, and TRL's normaliser (the
-        micro-batch's loss tokens per rank times the accumulation steps), whatever the spec's ``normalization``.
+        the sampler's log-probs, the advantages, an all-True mask, the batch's per-token ``loss_weights`` when it
+        carries them (`trl_ext.trainers.async_seam.weights`; else none), and TRL's normaliser (the micro-batch's loss
+        tokens per rank times the accumulation steps), whatever the spec's ``normalization``. TRL's own loss takes
+        no weights: they are folded into its advantages (exact for its PPO-clip loss).
         """
         spec = self.loss_spec
         if spec.compute is None:
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            return super().compute_loss(model, fold_loss_weights(inputs), return_outputs, num_items_in_batch)
         forward = self.tree_forward(model, inputs)
         logps = forward.logps.unsqueeze(0)
         loss, metrics = spec.compute(
@@ -97,7 +104,7 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
             forward.advantages.to(logps.dtype).unsqueeze(0),
             torch.ones_like(logps, dtype=torch.bool),
             normalizer=self.loss_normalizer(inputs),
-            weights=None,
+            weights=None if forward.loss_weights is None else forward.loss_weights.to(logps.dtype).unsqueeze(0),
             **spec.settings_from(self.args),
         )
         loss = self.add_aux_loss(loss, forward)

@@ -16,6 +16,7 @@ from ..fields import document_fields, documented
 from ..losses import LOSSES
 from .ext_grpo_config import BF16_HELP, resolve_precision
 from .loss_arguments import LossArguments
+from .weight_sync import WEIGHT_SYNC_CHOICES
 
 __all__ = ["ExtAsyncGRPOConfig", "async_loss_types"]
 
@@ -41,6 +42,14 @@ class ExtAsyncGRPOConfig(LossArguments, AsyncGRPOConfig):
     """
 
     bf16: bool | None = documented(None, BF16_HELP, section="Precision")
+    weight_sync: str = documented(
+        "auto",
+        "How full weights (no PEFT adapter) reach the vLLM server: 'auto' (TRL's NCCL transfer where CUDA has NCCL, "
+        "else 'disk'), 'nccl' (TRL's) or 'disk' (safetensors written under output_dir and reloaded by the server "
+        "through vLLM's layerwise reload; the server needs VLLM_SERVER_DEV_MODE=1). A LoRA adapter is always synced "
+        "over HTTP, as TRL does.",
+        section="Weight sync",
+    )
 
     def __post_init__(self):
         resolve_precision(self)
@@ -51,6 +60,8 @@ class ExtAsyncGRPOConfig(LossArguments, AsyncGRPOConfig):
             "('dapo'); trl-ext adds the losses it computes ('ipo', and those registered with a compute function). ",
         )
         loss.check_config(self)
+        if self.weight_sync not in WEIGHT_SYNC_CHOICES:
+            raise ValueError(f"weight_sync={self.weight_sync!r}: use one of {list(WEIGHT_SYNC_CHOICES)}.")
 
     # What a loss's config check asks of a trainer config, answered for TRL's asynchronous trainer, which has no
     # setting for them: its importance ratio is per token, and it has no entropy bonus.

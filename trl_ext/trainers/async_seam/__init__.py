@@ -11,7 +11,9 @@ trl-ext builds on ``AsyncGRPOTrainer`` through its extension points where they f
 | ``compute_loss``'s forward | `AsyncSeam.tree_forward` runs it as TRL does (padding-free row, tree kwargs, fused LM head), so a trl-ext loss gets the same log-probs |
 | ``_step_*`` / ``_last_forward_time_s`` (per-step accounting) | `AsyncSeam.record_micro_batch` adds a micro-batch whose loss trl-ext computed, as TRL's ``compute_loss`` does |
 | ``_metrics`` | `AsyncSeam.log_metric` |
+| ``_lora_sync``, ``_lora_name`` | `served_policy_names`: the model name a rollout worker of trl-ext's requests (``trl-policy-v{N}``, or the base model) |
 | ``_tag_names``, ``_name``, ``_paper`` | set from a subclass's ``model_card`` (`trl_ext.methods.METHODS`) |
+| ``async_grpo_trainer.DataCollatorForRollout`` (built in ``get_train_dataloader``), the ``metrics`` of a rollout sample | per-token loss weights: a weighted sample carries its weight in its ``metrics``; `loss_weight_collator` swaps in `LossWeightCollator` (TRL's collator plus ``loss_weights``) for the one ``get_train_dataloader`` call; `TreeForward.loss_weights` |
 
 `install_cpu_support` is called by `AsyncSeam.__init__` when the model trains off CUDA (``args.device``); the
 replacements dispatch on the tensors' device, so TRL's kernel and FLOPs table still serve CUDA in the same process.
@@ -19,7 +21,7 @@ Generation is TRL's: a rollout worker in a spawned child process against ``vllm 
 see the ``vllm`` test group), LoRA synced over HTTP.
 
 Modules: `check` (what the seam takes from TRL, as data, and `check_trl_async`), `cpu` (the kernel and the patch),
-`trainer` (`AsyncSeam`, `TreeForward`). `check_trl_async` runs at import: it compares the signatures of the methods
+`trainer` (`AsyncSeam`, `TreeForward`), `weights` (per-token loss weights through TRL's batch), `policy` (`served_policy_names`). `check_trl_async` runs at import: it compares the signatures of the methods
 overridden and the module attributes replaced, the keywords TRL passes the attention kernel, the attributes read
 (assigned by ``AsyncGRPOTrainer``'s methods, or class attributes), and the keys of TRL's collated batch (its
 collator run on one hand-built sample, and the keys its ``compute_loss`` reads), and fails with the fix
@@ -33,11 +35,21 @@ from .check import (
     BATCH_KEYS,
     FORWARD_KEYS,
     KERNEL_KEYWORDS,
+    LOSS_WEIGHT_INTERNALS,
     check_trl_async,
     collated_batch_keys,
 )
 from .cpu import attention_allowed, cpu_support_installed, flash_attn_varlen_cpu, install_cpu_support
+from .policy import served_policy_names
 from .trainer import AsyncSeam, TreeForward
+from .weights import (
+    LOSS_WEIGHTS_KEY,
+    LossWeightCollator,
+    fold_loss_weights,
+    loss_weight_collator,
+    per_token_loss_weights,
+    weighted_sample_metrics,
+)
 
 __all__ = [
     "ASYNC_ATTRIBUTES",
@@ -46,12 +58,20 @@ __all__ = [
     "BATCH_KEYS",
     "FORWARD_KEYS",
     "KERNEL_KEYWORDS",
+    "LOSS_WEIGHTS_KEY",
+    "LOSS_WEIGHT_INTERNALS",
     "AsyncSeam",
+    "LossWeightCollator",
     "TreeForward",
     "attention_allowed",
     "check_trl_async",
     "collated_batch_keys",
     "cpu_support_installed",
     "flash_attn_varlen_cpu",
+    "fold_loss_weights",
     "install_cpu_support",
+    "loss_weight_collator",
+    "per_token_loss_weights",
+    "served_policy_names",
+    "weighted_sample_metrics",
 ]

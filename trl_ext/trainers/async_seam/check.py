@@ -22,6 +22,7 @@ __all__ = [
     "BATCH_KEYS",
     "FORWARD_KEYS",
     "KERNEL_KEYWORDS",
+    "LOSS_WEIGHT_INTERNALS",
     "check_trl_async",
 ]
 
@@ -57,6 +58,8 @@ ASYNC_ATTRIBUTES: tuple[str, ...] = (
     "_paper",
     "aux_loss_enabled",  # the MoE load-balancing loss of the forward
     "router_aux_loss_coef",
+    "_lora_sync",  # policy.served_policy_names: whether syncs publish a LoRA adapter, and under which prefix
+    "_lora_name",
 )
 
 # Keys of a batch of TRL's collator (`DataCollatorForRollout`): the packed row (`TreeRow.pack`) and the counts.
@@ -81,6 +84,16 @@ BATCH_KEYS: frozenset[str] = frozenset(
 )
 # The batch keys TRL's compute_loss reads, which the seam's `tree_forward` and step accounting read the same way.
 FORWARD_KEYS: frozenset[str] = BATCH_KEYS
+
+# What carrying per-token loss weights (`weights`) takes from TRL: ``get_train_dataloader`` builds its collator by the
+# module name ``DataCollatorForRollout`` (swapped by `loss_weight_collator`), ``RolloutQueueDataset.__iter__`` yields
+# each sample's ``metrics`` dict as is (the reserved keys ride in it), and the collator's ``segment_id`` is each loss
+# token's sample index in its row (checked by collating two hand-built samples).
+LOSS_WEIGHT_INTERNALS: tuple[str, ...] = (
+    "async_grpo_trainer.DataCollatorForRollout (named in AsyncGRPOTrainer.get_train_dataloader)",
+    "RolloutQueueDataset.__iter__ yields {'metrics': sample.metrics}",
+    "the collated segment_id: each loss token's sample index in its row",
+)
 
 
 def check_trl_async() -> None:
@@ -127,6 +140,7 @@ def check_trl_async() -> None:
         problems.append(
             f"AsyncGRPOTrainer.compute_loss reads the batch keys {sorted(read)} (expected {sorted(FORWARD_KEYS)})"
         )
+    problems += _loss_weight_problems()
     if problems:
         raise ImportError(
             f"trl-ext's async trainer needs TRL 1.16's experimental AsyncGRPOTrainer internals, and trl "
@@ -149,6 +163,53 @@ def collated_batch_keys() -> frozenset[str]:
         }
     )
     return frozenset(async_grpo_trainer.DataCollatorForRollout(pad_token_id=0).torch_call([[row]]))
+
+
+def _loss_weight_problems() -> list[str]:
+    """What `LOSS_WEIGHT_INTERNALS` lists, checked against the installed TRL."""
+    from .weights import LOSS_WEIGHTS_KEY, LossWeightCollator, weighted_sample_metrics
+
+    problems = []
+    tree = _source_tree(async_grpo_trainer.AsyncGRPOTrainer.get_train_dataloader)
+    if tree is not None and not any(
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "DataCollatorForRollout"
+        for node in ast.walk(tree)
+    ):
+        problems.append("AsyncGRPOTrainer.get_train_dataloader no longer builds DataCollatorForRollout(...)")
+    tree = _source_tree(async_grpo_trainer.RolloutQueueDataset.__iter__)
+    if tree is not None and not any(
+        isinstance(node, ast.Dict)
+        and any(
+            isinstance(key, ast.Constant)
+            and key.value == "metrics"
+            and isinstance(value, ast.Attribute)
+            and value.attr == "metrics"
+            for key, value in zip(node.keys, node.values, strict=True)
+        )
+        for node in ast.walk(tree)
+    ):
+        problems.append("RolloutQueueDataset.__iter__ no longer yields each sample's metrics dict ('metrics')")
+    try:
+        row = packing.TreeRow()
+        for index, completion in enumerate(([4, 5], [6, 7, 8])):
+            row.add(
+                {
+                    "input_ids": torch.tensor([1, 2, 3, *completion]),
+                    "completion_mask": torch.tensor([0, 0, 0] + [1] * len(completion)),
+                    "old_log_probs": torch.zeros(3 + len(completion)),
+                    "advantage": 1.0,
+                    "group_id": 0,
+                    "metrics": weighted_sample_metrics({}, token_weight=index + 1.0, root_share=0.5),
+                }
+            )
+        batch = LossWeightCollator(pad_token_id=0).torch_call([[row]])
+    except Exception as error:  # noqa: BLE001  (any failure on a valid sample is a difference)
+        return [*problems, f"the loss-weight collator fails on two samples ({type(error).__name__}: {error})"]
+    if batch["segment_id"][0].tolist() != [0, 0, 1, 1, 1]:
+        problems.append(f"the collated segment_id is {batch['segment_id'][0].tolist()} (expected [0, 0, 1, 1, 1])")
+    elif batch[LOSS_WEIGHTS_KEY][0].tolist() != [5.0, 5.0, 10.0, 10.0, 10.0]:  # weight x 5 tokens / 1 root
+        problems.append(f"the collated loss_weights are {batch[LOSS_WEIGHTS_KEY][0].tolist()}")
+    return problems
 
 
 def _source_tree(function) -> ast.AST | None:

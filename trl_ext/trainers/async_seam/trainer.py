@@ -20,6 +20,7 @@ from torch import Tensor
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 
 from .cpu import install_cpu_support
+from .weights import LOSS_WEIGHTS_KEY
 
 __all__ = ["AsyncSeam", "TreeForward"]
 
@@ -34,6 +35,8 @@ class TreeForward:
         old_logps: ``(M,)`` the sampler's log-probs (vLLM's, at sampling time): p_old.
         advantages: ``(M,)`` the advantage of each token's completion.
         segment_id: ``(M,)`` the index of each token's completion in this rank's row.
+        loss_weights: ``(M,)`` per-token loss weights when the batch carries them (`weights.LossWeightCollator`),
+            else None.
         aux_loss: the MoE load-balancing loss of the forward, or None when TRL does not add it.
         seconds: how long the forward took (TRL's ``perf/fwd_s``).
     """
@@ -45,6 +48,7 @@ class TreeForward:
     segment_id: Tensor
     aux_loss: Tensor | None
     seconds: float
+    loss_weights: Tensor | None = None
 
 
 class AsyncSeam(AsyncGRPOTrainer):
@@ -123,6 +127,7 @@ class AsyncSeam(AsyncGRPOTrainer):
             segment_id=inputs["segment_id"][selected],
             aux_loss=outputs.aux_loss if self.aux_loss_enabled else None,
             seconds=time.time() - start,
+            loss_weights=inputs[LOSS_WEIGHTS_KEY][selected] if LOSS_WEIGHTS_KEY in inputs else None,
         )
 
     def add_aux_loss(self, loss: Tensor, forward: TreeForward) -> Tensor:

@@ -1,0 +1,22 @@
+"""Stepwise RLM training on TRL's experimental asynchronous trainer (docs/stepwise_rlm.md, docs/async.md).
+
+- `AsyncStepwiseRLMTrainer` / `AsyncStepwiseRLMConfig`: the trainer and its settings (`StepwiseRLMConfig`'s names).
+- `RLMRolloutWorker`: TRL's ``RolloutWorkerProtocol``: RLM trees in a thread, one sample per turn of every node.
+- `ServedPolicyGenerator`: the engine's generator against ``vllm serve`` (the latest published adapter).
+- `tree_samples`, `group_advantages`: the pure step from scored trees to TRL's samples and their loss weights.
+"""
+
+from .config import AsyncStepwiseRLMConfig
+from .generator import ServedPolicyGenerator
+from .samples import group_advantages, tree_samples
+from .trainer import AsyncStepwiseRLMTrainer
+from .worker import RLMRolloutWorker
+
+__all__ = [
+    "AsyncStepwiseRLMConfig",
+    "AsyncStepwiseRLMTrainer",
+    "RLMRolloutWorker",
+    "ServedPolicyGenerator",
+    "group_advantages",
+    "tree_samples",
+]

@@ -1,0 +1,122 @@
+"""Pure functions from scored RLM rollout trees to TRL's asynchronous training samples (docs/stepwise_rlm.md).
+
+One prompt's ``G`` trees form one group: rewards on the roots' final answers (a root that never answered gets 0),
+the group advantage as the synchronous trainer computes it (`group_advantages`), then one `RolloutSample` per turn of
+every trained node (`tree_samples`): input_ids = the exact prompt ids the generator saw + the action ids, the
+completion mask over the action, the sampler's log-probs as p_old, the root's advantage, and under
+``rlm_loss_normalization="subtree"`` the node's per-token weight ``W(v)/n_v`` with the sample's share of its root
+(`trl_ext.trainers.async_seam.weighted_sample_metrics`), which the loss turns into ``mean_g L_subtree(root_g)``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+from ...rlm import RolloutTree
+from ..async_seam import weighted_sample_metrics
+
+__all__ = ["group_advantages", "tree_samples"]
+
+
+def group_advantages(rewards: Sequence[float], scale_rewards: str = "group") -> list[float]:
+    """TRL's group advantage of ``G`` rewards, as `GRPOTrainer` (and so `StepwiseRLMTrainer`) computes it.
+
+    Args:
+        rewards: ``(G,)`` the rewards of one prompt's roots.
+        scale_rewards: ``"group"``: ``(r − mean) / (std + 1e-4)`` with the unbiased std (0 for one reward);
+            ``"none"``: ``r − mean`` (Dr. GRPO).
+
+    Returns:
+        ``(G,)`` advantages.
+    """
+    if scale_rewards not in ("group", "none"):
+        raise ValueError(f"scale_rewards={scale_rewards!r}: set 'group' or 'none'.")
+    values = np.asarray(rewards, dtype=np.float64)
+    if values.ndim != 1 or values.size == 0 or not np.isfinite(values).all():
+        raise ValueError(f"rewards must be a non-empty sequence of finite numbers, got {list(rewards)}.")
+    centred = values - values.mean()
+    if scale_rewards == "group":
+        std = values.std(ddof=1) if values.size > 1 else 0.0
+        centred = centred / (std + 1e-4)
+    return [float(value) for value in centred]
+
+
+def tree_samples(
+    tree: RolloutTree,
+    *,
+    advantage: float,
+    model_version: int,
+    group_id: int,
+    metrics: Mapping[str, float],
+    prompt: Any = None,
+    completion: Any = None,
+    weighted: bool = True,
+    train_children: bool = True,
+    child_sampling: str = "all",
+    rng: random.Random | None = None,
+) -> list[RolloutSample]:
+    """One `RolloutSample` per turn (with at least one action token) of every trained node of ``tree``.
+
+    Args:
+        tree: a root rollout and its descendants.
+        advantage: the root's group advantage ``A_g``; every sample inherits it.
+        model_version: the policy version every sample is tagged with (the trainer drops it past ``max_staleness``).
+        group_id: the prompt group (TRL packs a group's samples in one row, sharing their prefixes).
+        metrics: logged with each sample (``reward``, ``rewards/<name>``, ...); copied per sample.
+        prompt, completion: what TRL's traces show for every sample (the task, the root's answer).
+        weighted: add the loss weights of the "subtree" normalisation: the node's ``W(v)/n_v`` per token
+            (``n_v``: the action tokens of all of v's trained turns) and the sample's root share
+            ``W(v)/n_v · |action| / Σ_u W(u)`` (the tree's samples share 1). False: every turn an ordinary sample.
+        train_children, child_sampling, rng: which nodes are trained and their ``W(v)``
+            (`trl_ext.advantages.trained_node_weights`).
+
+    Returns:
+        The samples, nodes in pre-order, turns in order. Input ids, mask and log-probs are ``(P + C,)`` arrays with
+        ``P`` the turn's prompt tokens and ``C`` its action tokens; the log-probs are 0 over the prompt.
+    """
+    turns = [
+        sample
+        for sample in tree.turn_samples(train_children=train_children, child_sampling=child_sampling, rng=rng)
+        if sample.action_ids
+    ]
+    node_tokens: dict[int, int] = {}
+    node_weight: dict[int, float] = {}
+    for turn in turns:
+        node_tokens[turn.node] = node_tokens.get(turn.node, 0) + len(turn.action_ids)
+        node_weight[turn.node] = turn.weight
+    tree_mass = sum(node_weight.values())  # Σ_u W(u): every token weight of the tree, summed
+    samples = []
+    for turn in turns:
+        if len(turn.logprobs) != len(turn.action_ids):
+            raise ValueError(
+                f"node {turn.node} turn {turn.turn}: {len(turn.action_ids)} action tokens but {len(turn.logprobs)} "
+                "log-probs; the generator must return one log-prob per sampled token."
+            )
+        if not turn.prompt_ids:
+            raise ValueError(f"node {turn.node} turn {turn.turn} has no prompt ids: an action needs its prompt.")
+        num_prompt, num_action = len(turn.prompt_ids), len(turn.action_ids)
+        sample_metrics = dict(metrics)
+        if weighted:
+            token_weight = turn.weight / node_tokens[turn.node]
+            sample_metrics = weighted_sample_metrics(
+                sample_metrics, token_weight=token_weight, root_share=token_weight * num_action / tree_mass
+            )
+        samples.append(
+            RolloutSample(
+                prompt=prompt,
+                completion=completion,
+                input_ids=np.asarray([*turn.prompt_ids, *turn.action_ids], dtype=np.int64),
+                completion_mask=np.asarray([0] * num_prompt + [1] * num_action, dtype=np.int64),
+                old_log_probs=np.asarray([0.0] * num_prompt + list(turn.logprobs), dtype=np.float32),
+                advantage=float(advantage),
+                model_version=int(model_version),
+                group_id=int(group_id),
+                metrics=sample_metrics,
+            )
+        )
+    return samples

@@ -1,0 +1,323 @@
+"""`RLMRolloutWorker`: TRL's ``RolloutWorkerProtocol`` producing stepwise RLM samples (docs/stepwise_rlm.md).
+
+A background thread of the trainer process runs `RLMEngine` (its REPLs are sandboxed subprocesses already, so TRL's
+spawned child is not needed): for each prompt of the dataset, in order and cycling, ``num_generations`` root rollouts
+(their children included, ``rlm_query_batched`` batched by the engine) against the policy; rewards from the reward
+functions on the roots' final answers (a root that never answered gets 0, as in `StepwiseRLMTrainer`); the group
+advantage (`group_advantages`); then one `RolloutSample` per turn of every trained node (`tree_samples`) into
+``rollout_buffer``, which TRL's trainer drains.
+
+Policy version. Every sample of a run is tagged with the version live when the run started: the version its trees'
+first turns were sampled from. A tree spans versions (a sync can land between its turns); tagging it with its oldest
+makes TRL's ``max_staleness`` bound the staleness of every one of its turns, and its rows are kept or dropped
+together rather than a tree losing some turns.
+
+Faults. A REPL error, timeout or crash is the engine's to contain: it ends up in the tree and in the ``repl/*`` rates.
+A failing run (the generator, a reward function) is logged with its traceback, counted in
+``rlm/worker_errors_total`` and retried with the next prompts; ``max_consecutive_errors`` failures in a row stop the
+thread, and then `check_health` (called by the trainer while it waits for samples) raises with the cause.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from ...rlm import RLMEngine, RLMScaffoldConfig, RLMTask, RolloutTree
+from ...rlm.generators import CanonicalOrderGenerator, Completion, Generator
+from ...text import last_user_text
+from .samples import group_advantages, tree_samples
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RLMRolloutWorker"]
+
+
+class _Heartbeat:
+    """A `Generator` wrapper that ticks the worker's heartbeat around every call (a long run is not a hang)."""
+
+    def __init__(self, inner: Generator, tick: Callable[[], None]):
+        self.inner, self.tick = inner, tick
+
+    def generate(self, prompts: Sequence[Sequence[int]]) -> list[Completion]:
+        self.tick()
+        try:
+            return self.inner.generate(prompts)
+        finally:
+            self.tick()
+
+
+class RLMRolloutWorker:
+    """Stepwise RLM rollouts for TRL's asynchronous trainer (``rollout_worker=``), in a thread of this process.
+
+    Args:
+        dataset: rows with a ``prompt`` (a string, or chat messages: the last user message is the task) and,
+            optionally, ``context_column``; every column is passed to the reward functions.
+        reward_funcs: TRL reward functions (``prompts``, ``completions``, ``completion_ids`` and the dataset
+            columns as keyword lists, plus ``rlm_has_answer``); rewards of several functions are summed (None: skipped).
+        tokenizer: the policy's tokenizer (with a chat template).
+        generator: the policy's sampler (`trl_ext.rlm.Generator`); when it has ``update_model_version`` (e.g.
+            `ServedPolicyGenerator`), the worker forwards each new version to it.
+        scaffold: the RLM scaffold and sandbox settings.
+        num_generations: roots per prompt (one group).
+        groups_per_run: prompts whose trees one engine run samples together (their generations share waves).
+        context_column: the dataset column with each task's REPL context (absent: the prompt is the context).
+        scale_rewards: ``"group"`` or ``"none"`` (`group_advantages`).
+        weighted: carry the "subtree" loss weights (``rlm_loss_normalization="subtree"``).
+        train_children, child_sampling: which nodes are trained (`trl_ext.advantages.trained_node_weights`).
+        queue_maxsize: bound of ``rollout_buffer`` (0: unbounded).
+        max_consecutive_errors: failed runs in a row that stop the worker.
+        seed: seeds the ``child_sampling="one"`` draws.
+        chat_template_kwargs: for the engine's ``apply_chat_template``.
+
+    Attributes:
+        rollout_buffer, metrics_queue: what TRL's trainer drains (``RolloutWorkerProtocol``).
+        model_version: the version last published by the trainer.
+        errors: failed runs so far; groups: groups scored so far; last_trees: the trees of the last run.
+    """
+
+    def __init__(
+        self,
+        *,
+        dataset: Any,
+        reward_funcs: Sequence[Callable[..., list[float | None]]],
+        tokenizer: Any,
+        generator: Generator,
+        scaffold: RLMScaffoldConfig,
+        num_generations: int,
+        groups_per_run: int = 1,
+        context_column: str = "context",
+        scale_rewards: str = "group",
+        weighted: bool = True,
+        train_children: bool = True,
+        child_sampling: str = "all",
+        queue_maxsize: int = 0,
+        max_consecutive_errors: int = 3,
+        seed: int = 0,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if len(dataset) == 0:
+            raise ValueError("The RLM rollout worker needs a non-empty dataset of prompts.")
+        if not reward_funcs or not all(callable(func) for func in reward_funcs):
+            raise TypeError("reward_funcs must be one or more callables (TRL's reward-function interface).")
+        if num_generations < 1 or groups_per_run < 1 or max_consecutive_errors < 1:
+            raise ValueError("num_generations, groups_per_run and max_consecutive_errors must be >= 1.")
+        self.dataset = dataset
+        self.reward_funcs = list(reward_funcs)
+        self.reward_func_names = [getattr(func, "__name__", type(func).__name__) for func in self.reward_funcs]
+        self.tokenizer = tokenizer
+        self.generator = generator
+        self.scaffold = scaffold
+        self.num_generations = num_generations
+        self.groups_per_run = groups_per_run
+        self.context_column = context_column
+        self.scale_rewards = scale_rewards
+        self.weighted = weighted
+        self.train_children = train_children
+        self.child_sampling = child_sampling
+        self.max_consecutive_errors = max_consecutive_errors
+        self.chat_template_kwargs = chat_template_kwargs
+        self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
+        self.metrics_queue: queue.Queue = queue.Queue(maxsize=4096)
+        self.model_version = 0
+        self.errors = 0
+        self.groups = 0
+        self.last_trees: list[RolloutTree] = []  # the trees of the last run (for inspection)
+        self._rng = random.Random(seed)
+        self._rows = self._cycle()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+        self._heartbeat = time.time()
+
+    # ------------------------------------------------------------------------------ RolloutWorkerProtocol
+    def start(self) -> None:
+        """Start the rollout thread (once; TRL calls it when training begins)."""
+        if self._thread is not None:
+            return
+        self._heartbeat = time.time()
+        self._thread = threading.Thread(target=self._main, name="rlm-rollout-worker", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to stop and wait for the engine run in flight (its REPLs are closed by the engine)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+            if self._thread.is_alive():
+                logger.warning("The RLM rollout worker did not stop within 60 s (an engine run is still going).")
+
+    def update_model_version(self, model_version: int) -> None:
+        self.model_version = int(model_version)
+        update = getattr(self.generator, "update_model_version", None)
+        if callable(update):
+            update(self.model_version)
+
+    def check_health(self, stale_after_s: float) -> None:
+        """Raise when the thread stopped on an error (with the cause), or has not ticked for ``stale_after_s``."""
+        if self._failure is not None:
+            raise RuntimeError(
+                f"The RLM rollout worker stopped: {type(self._failure).__name__}: {self._failure}"
+            ) from self._failure
+        if self._thread is None:
+            raise RuntimeError("The RLM rollout worker was never started (start() is called when training begins).")
+        if not self._thread.is_alive() and not self._stop.is_set():
+            raise RuntimeError("The RLM rollout worker thread ended without an error; no more samples will come.")
+        age = time.time() - self._heartbeat
+        if age > stale_after_s:
+            raise RuntimeError(
+                f"The RLM rollout worker made no progress for {age:.0f} s (> heartbeat_stale_after_s={stale_after_s:.0f})."
+            )
+
+    # ------------------------------------------------------------------------------ the rollout loop
+    def _main(self) -> None:
+        try:
+            self._loop()
+        except BaseException as error:  # noqa: BLE001  (kept for check_health, which re-raises it with the cause)
+            self._failure = error
+            logger.error("The RLM rollout worker stopped: %s: %s", type(error).__name__, error)
+
+    def _loop(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            rows = [next(self._rows) for _ in range(self.groups_per_run)]
+            try:
+                samples = self.rollout(rows)
+            except Exception as error:
+                failures += 1
+                self.errors += 1
+                self._push_metrics({"rlm/worker_errors_total": 1.0})
+                logger.exception("RLM rollout run failed (%d in a row): %s", failures, error)
+                if failures >= self.max_consecutive_errors:
+                    raise RuntimeError(
+                        f"{failures} RLM rollout runs failed in a row; the last with {type(error).__name__}: {error}"
+                    ) from error
+                continue
+            failures = 0
+            for sample in samples:
+                if not self._put(sample):
+                    return
+
+    def _put(self, sample: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                sample.enqueued_at = time.time()
+                self.rollout_buffer.put(sample, timeout=0.5)
+                self._heartbeat = time.time()
+                return True
+            except queue.Full:
+                self._heartbeat = time.time()  # waiting on the trainer is not a hang
+        return False
+
+    def _cycle(self) -> Iterator[dict[str, Any]]:
+        while True:
+            yield from self.dataset
+
+    def rollout(self, rows: Sequence[dict[str, Any]]) -> list[Any]:
+        """Sample, score and turn into samples ``num_generations`` trees for each of ``rows`` (one engine run)."""
+        version = self.model_version  # the version of the trees' first turns (module docstring)
+        tasks = [
+            RLMTask(prompt=last_user_text(row["prompt"]), context=row.get(self.context_column))
+            for row in rows
+            for _ in range(self.num_generations)
+        ]
+        generator = _Heartbeat(CanonicalOrderGenerator(self.generator), self._tick)
+        engine = RLMEngine(generator, self.tokenizer, self.scaffold, chat_template_kwargs=self.chat_template_kwargs)
+        trees = engine.run(tasks)
+        self.last_trees = trees
+        samples: list[Any] = []
+        for index, row in enumerate(rows):
+            group = trees[index * self.num_generations : (index + 1) * self.num_generations]
+            samples += self._group_samples(row, group, version)
+        self._push_run_metrics(trees, engine.stats, len(samples))
+        return samples
+
+    def _tick(self) -> None:
+        self._heartbeat = time.time()
+
+    def _group_samples(self, row: dict[str, Any], trees: list[RolloutTree], version: int) -> list[Any]:
+        answers = [tree.final_answer for tree in trees]
+        per_func = self._rewards(row, answers)
+        rewards = [
+            0.0 if answer is None else math.fsum(value for value in values if not math.isnan(value))
+            for answer, values in zip(answers, zip(*per_func, strict=True), strict=True)
+        ]
+        advantages = group_advantages(rewards, self.scale_rewards)
+        reward_std = float(sum((r - sum(rewards) / len(rewards)) ** 2 for r in rewards) / len(rewards)) ** 0.5
+        group_id, self.groups = self.groups, self.groups + 1
+        samples = []
+        for tree_index, (tree, advantage, reward) in enumerate(zip(trees, advantages, rewards, strict=True)):
+            metrics = {
+                "reward": reward,
+                "reward_std": reward_std,
+                **{f"rewards/{name}": values[tree_index] for name, values in zip(self.reward_func_names, per_func)},
+            }
+            samples += tree_samples(
+                tree,
+                advantage=advantage,
+                model_version=version,
+                group_id=group_id,
+                metrics=metrics,
+                prompt=tree.root.task,
+                completion=tree.final_answer or "",
+                weighted=self.weighted,
+                train_children=self.train_children,
+                child_sampling=self.child_sampling,
+                rng=self._rng,
+            )
+        return samples
+
+    def _rewards(self, row: dict[str, Any], answers: list[str | None]) -> list[list[float]]:
+        """``(functions, G)`` rewards of the answers (None -> NaN); the prompt's columns passed as TRL does."""
+        size = len(answers)
+        completions: list[Any] = [answer or "" for answer in answers]
+        if not isinstance(row["prompt"], str):  # conversational prompts get conversational completions, as in TRL
+            completions = [[{"role": "assistant", "content": text}] for text in completions]
+        columns = {key: [value] * size for key, value in row.items() if key != "prompt"}
+        kwargs = dict(
+            prompts=[row["prompt"]] * size,
+            completions=completions,
+            completion_ids=[
+                list(self.tokenizer(answer or "", add_special_tokens=False)["input_ids"]) for answer in answers
+            ],
+            rlm_has_answer=[answer is not None for answer in answers],
+            **columns,
+        )
+        table = []
+        for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True):
+            values = list(func(**kwargs))
+            if len(values) != size:
+                raise ValueError(f"reward function {name} returned {len(values)} rewards for {size} completions.")
+            table.append([float("nan") if value is None else float(value) for value in values])
+        return table
+
+    def _push_run_metrics(self, trees: list[RolloutTree], stats: Any, num_samples: int) -> None:
+        roots = len(trees)
+        nodes = sum(len(tree.nodes) for tree in trees)
+        metrics: dict[str, Any] = {
+            "rlm/turns_mean": (float(sum(len(n.turns) for t in trees for n in t.nodes)), float(nodes)),
+            "rlm/children_mean": (float(nodes - roots), float(roots)),
+            "rlm/final_answer_rate": (float(sum(t.final_answer is not None for t in trees)), float(roots)),
+            "rlm/rows_per_root": (float(num_samples), float(roots)),
+            "rlm/depth_max": float(max(node.depth for tree in trees for node in tree.nodes)),
+            "rlm/prompt_too_long_total": float(stats.prompt_too_long),
+            "rlm/refused_queries_total": float(stats.refused_queries),
+        }
+        if stats.repl_cells:
+            cells = float(stats.repl_cells)
+            metrics["repl/error_rate"] = (float(stats.repl_errors), cells)
+            metrics["repl/timeout_rate"] = (float(stats.repl_timeouts), cells)
+            metrics["repl/crash_rate"] = (float(stats.repl_crashes), cells)
+        self._push_metrics(metrics)
+
+    def _push_metrics(self, metrics: dict[str, Any]) -> None:
+        try:
+            self.metrics_queue.put_nowait(metrics)
+        except queue.Full:
+            pass  # never block rollouts on a trainer that stopped logging
