@@ -1,6 +1,8 @@
 """Recipes (`recipes/*.yaml`) and `trl-ext train`: every recipe parses into its config class with the published
 settings, and a dry run builds its trainer on the tiny offline model with the recipe's algorithmic settings (model,
-sizes, precision and vLLM swapped for CPU; loss, group size, λ, RLM limits, KL, temperature kept)."""
+sizes, precision and vLLM swapped for CPU; loss, group size, λ, RLM limits, KL, temperature kept). Asynchronous
+recipes (``asynchronous: true``) parse into the method's asynchronous classes here; their trainers need a running
+``vllm serve``, so tests/test_vllm_async_recipe.py builds and trains one."""
 
 from __future__ import annotations
 
@@ -11,9 +13,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trl_ext.methods import METHODS, Method
 from trl_ext.recipe_inputs import REWARD_REGISTRY, resolve_reward_funcs
-from trl_ext.recipe_training import build_trainer
-from trl_ext.recipes import RecipeError, TrainScriptArguments, parse_recipe, read_trainer_name
+from trl_ext.recipe_training import build_trainer, reward_names
+from trl_ext.recipes import (
+    RecipeError,
+    TrainScriptArguments,
+    config_class,
+    parse_recipe,
+    read_asynchronous,
+    read_trainer_name,
+    trainer_class,
+)
 from trl_ext.rlm import sandbox
 
 from .fake_hub import TOKEN, FakeHub
@@ -53,6 +64,18 @@ PUBLISHED = {
         "JudgeCreditConfig",
         {"judge_lambda": 1.0, "num_generations": 8, "learning_rate": 1e-5, "loss_type": "ipo", "max_steps": 40},
     ),
+    "async_rlm_evidence_4b.yaml": (
+        "AsyncStepwiseRLMConfig",
+        {
+            "num_generations": 8,
+            "max_children": 4,
+            "max_depth": 1,
+            "rlm_loss_normalization": "subtree",
+            "loss_type": "ipo",
+            "max_staleness": 2,
+            "vllm_server_base_url": "http://127.0.0.1:8000",
+        },
+    ),
     "rlmt_llama31_8b_instruct.yaml": (
         "RLMTConfig",
         {
@@ -66,7 +89,14 @@ PUBLISHED = {
         },
     ),
 }
-LORA_R16 = {"judge_credit_math_4b_lambda025.yaml", "judge_credit_math_4b_lambda1.yaml", "rlm_evidence_4b.yaml"}
+LORA_R16 = {
+    "judge_credit_math_4b_lambda025.yaml",
+    "judge_credit_math_4b_lambda1.yaml",
+    "rlm_evidence_4b.yaml",
+    "async_rlm_evidence_4b.yaml",
+}
+ASYNC_RECIPES = {"async_rlm_evidence_4b.yaml"}  # their trainers need a vllm serve: the vllm group builds one
+SYNC_RECIPES = sorted(set(PUBLISHED) - ASYNC_RECIPES)
 
 
 def test_every_recipe_is_covered():
@@ -87,6 +117,7 @@ def test_recipe_parses_into_its_config_class(name):
     if name in LORA_R16:
         assert (recipe.model_args.use_peft, recipe.model_args.lora_r, recipe.model_args.lora_alpha) == (True, 16, 32)
     assert recipe.script_args.monitors is True
+    assert recipe.asynchronous is (name in ASYNC_RECIPES)
 
 
 def test_judge_credit_recipes_differ_only_in_lambda_and_output():
@@ -143,7 +174,7 @@ def cpu_overrides(tiny: Path, output_dir: Path) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("name", sorted(PUBLISHED))
+@pytest.mark.parametrize("name", SYNC_RECIPES)
 def test_recipe_dry_run_builds_the_trainer_on_the_tiny_model(name, tiny, tmp_path):
     from datasets import load_dataset
     from peft import PeftModel
@@ -362,7 +393,7 @@ def docs_cwd(tiny, tmp_path, monkeypatch):
 
 def test_docs_offline_commands_cover_every_recipe():
     recipes = {Path(argv[1]).name for argv in train_commands()}
-    assert recipes == set(PUBLISHED)
+    assert recipes == set(SYNC_RECIPES)
     for argv in train_commands():
         assert argv[1].startswith("recipes/") and "--model_name_or_path" in argv and "--datasets" in argv
         assert argv[argv.index("--max_steps") + 1] == "1" and argv[argv.index("--use_vllm") + 1] == "false"
@@ -638,3 +669,175 @@ def test_accelerate_configs_load(name):
         assert config.deepspeed_config["zero_stage"] == 3
     if name == "fsdp.yaml":
         assert config.fsdp_config["fsdp_version"] == 2
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Asynchronous recipes (`asynchronous: true`)
+# ----------------------------------------------------------------------------------------------------------------
+def test_async_recipe_is_the_synchronous_one_asynchronously():
+    """async_rlm_evidence_4b.yaml trains the task of rlm_evidence_4b.yaml: the same model, data, reward, scaffold,
+    sandbox and loss; only the generation backend, the batch of turns and the output folder differ."""
+    sync = yaml.safe_load((RECIPES / "rlm_evidence_4b.yaml").read_text())
+    asyn = yaml.safe_load((RECIPES / "async_rlm_evidence_4b.yaml").read_text())
+    assert set(asyn) - set(sync) == {
+        "asynchronous",
+        "vllm_server_base_url",
+        "max_staleness",
+        "weight_sync_steps",
+        "queue_maxsize",
+    }
+    assert set(sync) - set(asyn) == {
+        "attn_implementation",  # TRL's asynchronous trainer attends with its own tree kernel
+        "beta",
+        "use_vllm",
+        "vllm_mode",
+        "vllm_gpu_memory_utilization",
+        "vllm_tensor_parallel_size",
+        "vllm_enable_sleep_mode",
+    }
+    common = set(sync) & set(asyn)
+    assert {key for key in common if sync[key] != asyn[key]} == {
+        "output_dir",
+        "gradient_accumulation_steps",
+    }
+
+
+def async_recipe(tmp_path: Path, trainer: str = "grpo", **fields) -> Path:
+    """A small asynchronous recipe (nothing is loaded by parsing it)."""
+    defaults = dict(
+        trainer=trainer,
+        asynchronous=True,
+        model_name_or_path=str(tmp_path / "model"),
+        use_peft=True,
+        lora_r=4,
+        reward_funcs=["tests.async_rewards:vowel_share_reward"],
+        vllm_server_base_url="http://127.0.0.1:8123",
+        max_staleness=1,
+        loss_type="ipo",
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+    )
+    return write_recipe(tmp_path / "async.yaml", **{**defaults, **fields})
+
+
+@pytest.mark.parametrize(
+    ("trainer", "config_name", "trainer_name"),
+    [
+        ("grpo", "ExtAsyncGRPOConfig", "ExtAsyncGRPOTrainer"),
+        ("stepwise_rlm", "AsyncStepwiseRLMConfig", "AsyncStepwiseRLMTrainer"),
+    ],
+)
+def test_asynchronous_picks_the_methods_async_classes(tmp_path, trainer, config_name, trainer_name):
+    """`asynchronous: true` keeps the method and picks its asynchronous config and trainer; TRL's async fields and
+    trl-ext's loss fields parse; `dtype` is one key for the config and `ModelConfig`."""
+    fields = {"max_turns": 3, "child_sampling": "one"} if trainer == "stepwise_rlm" else {}
+    path = async_recipe(tmp_path, trainer, weight_sync_steps=2, ipo_threshold=0.25, dtype="bfloat16", **fields)
+    recipe = parse_recipe(path, ["--queue_maxsize", "32"])
+    args = recipe.training_args
+    assert recipe.asynchronous and recipe.method is METHODS[trainer.replace("_", "-")]
+    assert type(args).__name__ == config_name and config_class(recipe.method, True) is type(args)
+    assert trainer_class(recipe.method, True).__name__ == trainer_name
+    assert (args.max_staleness, args.weight_sync_steps, args.queue_maxsize) == (1, 2, 32)
+    assert args.vllm_server_base_url == "http://127.0.0.1:8123"
+    assert (args.loss_type, args.ipo_threshold) == ("ipo", 0.25)
+    assert args.dtype == recipe.model_args.dtype == "bfloat16"
+    assert recipe.model_args.use_peft and recipe.model_args.lora_r == 4
+    if trainer == "stepwise_rlm":
+        assert args.scaffold_config().max_turns == 3 and args.child_sampling == "one"
+    # without the asynchronous-only keys, `--asynchronous false` on the command line gives the synchronous classes
+    sync_fields = yaml.safe_load(path.read_text())
+    for key in ("max_staleness", "weight_sync_steps", "vllm_server_base_url", "dtype"):
+        sync_fields.pop(key)
+    sync = parse_recipe(write_recipe(tmp_path / "sync.yaml", **sync_fields), ["--asynchronous", "false"])
+    assert not sync.asynchronous and type(sync.training_args).__name__ == sync.method.config
+
+
+def test_the_asynchronous_key_reads_like_trls_booleans(tmp_path):
+    path = async_recipe(tmp_path, asynchronous=False)
+    assert read_asynchronous(path) is False
+    assert read_asynchronous(path, ["--asynchronous"]) is True  # a bare flag means true, as TRL's parser reads it
+    assert read_asynchronous(path, ["--asynchronous", "--max_steps", "2"]) is True
+    assert read_asynchronous(path, ["--asynchronous=true"]) is True
+    assert read_asynchronous(path, ["--asynchronous", "true", "--asynchronous", "no"]) is False  # the last wins
+    assert parse_recipe(path, ["--asynchronous"]).asynchronous
+    with pytest.raises(RecipeError, match=r"asynchronous='maybe' is not a boolean; write `asynchronous: true`"):
+        read_asynchronous(write_recipe(tmp_path / "bad.yaml", trainer="grpo", asynchronous="maybe"))
+
+
+def test_every_method_names_its_async_classes_and_a_missing_one_fails_clearly(tmp_path):
+    """The table names each method's asynchronous classes; a recipe that picks one trl-ext does not have (yet) fails
+    at parse time, naming the class and the fix, and so does a method without an asynchronous trainer."""
+    import trl_ext.trainers
+
+    for method in METHODS.values():
+        assert method.async_trainer and method.async_config, method.tag
+        path = async_recipe(tmp_path, method.recipe_name)
+        if hasattr(trl_ext.trainers, method.async_config) and hasattr(trl_ext.trainers, method.async_trainer):
+            assert config_class(method, True).__name__ == method.async_config
+            assert trainer_class(method, True).__name__ == method.async_trainer
+        else:  # being written: the recipe says so instead of an AttributeError
+            with pytest.raises(RecipeError) as caught:
+                parse_recipe(path)
+            message = str(caught.value)
+            assert f"trainer {method.recipe_name!r} needs" in message and "does not have yet" in message
+            assert "Remove `asynchronous: true`" in message and "grpo" in message.rsplit("exists:", 1)[1]
+
+    unwritten = Method("x", "X", "ExtGRPOTrainer", "ExtGRPOConfig", {}, False, "NoSuchTrainer", "NoSuchConfig")
+    with pytest.raises(RecipeError, match=r"trainer 'x' needs NoSuchConfig, which this trl-ext does not have yet"):
+        config_class(unwritten, True)
+    assert config_class(unwritten) is trl_ext.trainers.ExtGRPOConfig  # the synchronous one is there
+    none = Method("y", "Y", "ExtGRPOTrainer", "ExtGRPOConfig", {}, False)
+    with pytest.raises(RecipeError, match=r"trainer 'y' has no asynchronous trainer; remove `asynchronous: true`"):
+        trainer_class(none, True)
+
+
+def test_a_key_of_the_other_mode_is_named_with_the_fix(tmp_path):
+    """`use_vllm` in an asynchronous recipe, `max_staleness` in a synchronous one: the error says whose key it is."""
+    with pytest.raises(RecipeError) as caught:
+        parse_recipe(async_recipe(tmp_path, use_vllm=True, learnng_rate=1e-5))
+    message = str(caught.value)
+    assert "unknown key(s) for asynchronous trainer 'grpo'" in message
+    assert "'use_vllm' (a field of the synchronous trainer's ExtGRPOConfig, not of the asynchronous one's" in message
+    assert "'learnng_rate' (did you mean 'learning_rate'?)" in message
+    with pytest.raises(
+        RecipeError, match=r"'max_staleness' \(a field of the asynchronous AsyncStepwiseRLMConfig: set"
+    ):
+        parse_recipe(async_recipe(tmp_path, "stepwise_rlm", asynchronous=False))
+
+
+@pytest.mark.parametrize(
+    ("fields", "build", "expected"),
+    [
+        ({"attn_implementation": "sdpa"}, {}, "attn_implementation='sdpa': TRL's asynchronous trainer packs"),
+        ({"load_in_4bit": True}, {}, "load_in_4bit/load_in_8bit: TRL's asynchronous trainer does not load quantized"),
+        ({"reward_models": ["org/rm"]}, {}, "reward_models: TRL's asynchronous rollout worker scores with reward"),
+        ({"eval_strategy": "steps"}, {}, "eval_strategy='steps'\\): TRL's asynchronous trainer takes no eval_dataset"),
+        ({}, {"model": object()}, "model= is a object: TRL's asynchronous trainer loads the model itself, by name"),
+    ],
+)
+def test_what_the_async_trainer_cannot_take_is_refused_before_loading(tmp_path, fields, build, expected):
+    """Each refusal names the recipe, `asynchronous: true`, the key and the fix; nothing is loaded (the recipe's model
+    folder does not even exist)."""
+    recipe = parse_recipe(async_recipe(tmp_path, **fields))
+    with pytest.raises(RecipeError, match=f"async.yaml: asynchronous: true, .*{expected}"):
+        build_trainer(recipe, **build)
+
+
+def test_run_file_reward_names_come_from_the_recipe_when_the_trainer_keeps_none(tmp_path):
+    """TRL's asynchronous trainer keeps its reward functions in the rollout worker: the run file names them from the
+    recipe's entries (built-in names resolved); a trainer's own list wins."""
+    from trl_ext.quickstart.toy_task import exact_match_reward
+
+    recipe = parse_recipe(
+        async_recipe(tmp_path),
+        [
+            "--reward_funcs",
+            "tests.async_rewards:vowel_share_reward",
+            "trl_ext.quickstart.toy_task.exact_match_reward",
+            "char_span_f1",
+        ],
+    )
+    assert reward_names(None, recipe) == ["vowel_share_reward", "exact_match_reward", "CharSpanF1Reward"]
+    assert reward_names([exact_match_reward], recipe) == ["exact_match_reward"]

@@ -1,11 +1,14 @@
-"""The trl-ext methods, one table (`METHODS`): each method's name, its trainer and config classes, TRL's card
-attributes and whether ``trl-ext quickstart`` runs it.
+"""The trl-ext methods, one table (`METHODS`): each method's name, its trainer and config classes (synchronous, on
+TRL's `GRPOTrainer`, and asynchronous, on TRL's experimental `AsyncGRPOTrainer`), TRL's card attributes and whether
+``trl-ext quickstart`` runs it.
 
 A method has one spelling, its name (``"stepwise-rlm"``): the Hub tag, the ``method`` of ``trl_ext_run.json``, the
 ``--method`` choices of ``trl-ext quickstart``. A recipe's ``trainer:`` key writes it with underscores
 (``stepwise_rlm``, `Method.recipe_name`, as docs/recipes.md documents). A trainer names its entry
 (``model_card = METHODS["stepwise-rlm"]``) and the TRL seam hands TRL's model card its tags, name and paper from it;
-the model card's prose about each method is in `trl_ext.model_card`.
+the model card's prose about each method is in `trl_ext.model_card`. A recipe's ``asynchronous: true`` picks the
+method's asynchronous classes (`Method.async_trainer`, `Method.async_config`); the method, and so its tag, stays the
+same.
 
 Only the standard library is imported: the CLI reads the table at start-up.
 """
@@ -27,11 +30,21 @@ class Method:
     config: str  # the config class (`trl_ext.<config>`)
     paper: dict[str, str | None]  # TRL's model card: {"title", "id" (arXiv id or None), "citation" (BibTeX)}
     in_quickstart: bool  # `trl-ext quickstart --method <tag>` runs it
+    # The asynchronous trainer and config classes (`trl_ext.trainers.<name>`, on TRL's `AsyncGRPOTrainer`;
+    # docs/async.md), or None when the method has none. A name may precede its class: a recipe that picks a class
+    # trl-ext does not have yet fails, saying so (`trl_ext.recipes.config_class`).
+    async_trainer: str | None = None
+    async_config: str | None = None
 
     @property
     def tag_names(self) -> list[str]:
         """The model card's tags: the GRPO trainer's, ``trl-ext`` and the method tag."""
         return list(dict.fromkeys(["trl", "grpo", "trl-ext", self.tag]))
+
+    def classes(self, asynchronous: bool = False) -> tuple[str | None, str | None]:
+        """``(trainer, config)`` class names: the synchronous ones, or with ``asynchronous`` the asynchronous ones
+        (``(None, None)`` when the method has none)."""
+        return (self.async_trainer, self.async_config) if asynchronous else (self.trainer, self.config)
 
     @property
     def recipe_name(self) -> str:
@@ -91,10 +104,46 @@ _GRPO_PAPER = _paper(  # as `trl.GRPOTrainer._paper`
 METHODS: dict[str, Method] = {
     method.tag: method
     for method in (
-        Method("stepwise-rlm", "Stepwise RLM", "StepwiseRLMTrainer", "StepwiseRLMConfig", _RLM_BLOG, True),
-        Method("judge-credit", "Judge Credit", "JudgeCreditTrainer", "JudgeCreditConfig", _JUDGE_BLOG, True),
-        Method("rlmt", "RLMT", "RLMTTrainer", "RLMTConfig", _RLMT_PAPER, True),
-        Method("grpo", "GRPO", "ExtGRPOTrainer", "ExtGRPOConfig", _GRPO_PAPER, False),
+        Method(
+            "stepwise-rlm",
+            "Stepwise RLM",
+            "StepwiseRLMTrainer",
+            "StepwiseRLMConfig",
+            _RLM_BLOG,
+            True,
+            async_trainer="AsyncStepwiseRLMTrainer",
+            async_config="AsyncStepwiseRLMConfig",
+        ),
+        Method(
+            "judge-credit",
+            "Judge Credit",
+            "JudgeCreditTrainer",
+            "JudgeCreditConfig",
+            _JUDGE_BLOG,
+            True,
+            async_trainer="AsyncJudgeCreditTrainer",
+            async_config="AsyncJudgeCreditConfig",
+        ),
+        Method(
+            "rlmt",
+            "RLMT",
+            "RLMTTrainer",
+            "RLMTConfig",
+            _RLMT_PAPER,
+            True,
+            async_trainer="AsyncRLMTTrainer",
+            async_config="AsyncRLMTConfig",
+        ),
+        Method(
+            "grpo",
+            "GRPO",
+            "ExtGRPOTrainer",
+            "ExtGRPOConfig",
+            _GRPO_PAPER,
+            False,
+            async_trainer="ExtAsyncGRPOTrainer",
+            async_config="ExtAsyncGRPOConfig",
+        ),
     )
 }
 

@@ -1,5 +1,6 @@
 """Running a recipe (`trl_ext.recipes`): `build_trainer` builds its trainer as TRL's ``grpo`` script builds
-`GRPOTrainer`; `train_from_recipe` builds, trains, saves the adapter (or model), the trainer state, ``trl_ext_run.json``
+`GRPOTrainer` (``asynchronous: true``: the method's asynchronous trainer, on TRL's `AsyncGRPOTrainer`, with what that
+trainer cannot take refused up front, `check_async_recipe`); `train_from_recipe` builds, trains, saves the adapter (or model), the trainer state, ``trl_ext_run.json``
 (`recipe_run_info`) and the monitors plot in ``output_dir``, and pushes the adapter with a model card when
 ``push_to_hub`` is set (`trl_ext.hub.push_adapter`). It runs unchanged under ``accelerate launch -m trl_ext.cli
 train CONFIG.yaml``.
@@ -12,13 +13,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .recipe_inputs import check_model_source, load_recipe_datasets, resolve_reward_funcs
+from .recipe_inputs import REWARD_REGISTRY, check_model_source, load_recipe_datasets, resolve_reward_funcs
 from .recipes import DATA_FILE_BUILDERS, Recipe, RecipeError, trainer_class
 from .run_info import PLOT_FILE, RunInfo, collect_monitor_alerts, config_summary, last_logged_metrics, write_run_info
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_trainer", "recipe_run_info", "train_from_recipe"]
+__all__ = ["build_trainer", "check_async_recipe", "recipe_run_info", "reward_names", "train_from_recipe"]
 
 
 def build_trainer(
@@ -39,11 +40,18 @@ def build_trainer(
     Every argument overrides what the recipe would build (tests pass a tiny in-memory model and dataset);
     ``trainer_kwargs`` go to the trainer (e.g. ``generator=`` for `StepwiseRLMTrainer`, ``judge=`` for
     `JudgeCreditTrainer`).
+
+    With ``asynchronous: true`` the trainer is the method's asynchronous one (`trl_ext.methods.Method.async_trainer`):
+    the model goes by name (TRL's asynchronous trainer loads it, and the ``vllm serve`` at ``vllm_server_base_url``
+    must serve it under that name), the monitors include the `StalenessMonitor`, and the reward functions must be
+    picklable module-level functions (TRL's rollout worker is a spawned process). Building it probes the server.
     """
     from trl import get_peft_config, get_quantization_config
 
     script_args, args, model_args = recipe.script_args, recipe.training_args, recipe.model_args
     method = recipe.method
+    if recipe.asynchronous:
+        check_async_recipe(recipe, model=model, eval_dataset=eval_dataset)
     if model is None:
         if not model_args.model_name_or_path:
             raise RecipeError(f"{recipe.source}: set `model_name_or_path:` (a Hub model id or a local folder).")
@@ -85,20 +93,65 @@ def build_trainer(
         from .callbacks import MonitorCallback, default_monitors
 
         if not any(isinstance(cb, MonitorCallback) for cb in callbacks):
-            callbacks.extend(default_monitors(action=script_args.monitor_action))
+            # An asynchronous config (it has `max_staleness`) adds the StalenessMonitor.
+            callbacks.extend(default_monitors(action=script_args.monitor_action, args=args))
     kwargs: dict[str, Any] = dict(
         args=args,
         train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
         processing_class=processing_class,
         callbacks=callbacks,
         peft_config=get_peft_config(model_args),
         **trainer_kwargs,
     )
-    quantization = get_quantization_config(model_args)
-    if quantization is not None:
-        kwargs["quantization_config"] = quantization
-    return trainer_class(method)(model, reward_funcs if reward_funcs else None, **kwargs)
+    if not recipe.asynchronous:  # TRL's asynchronous trainer neither evaluates nor quantizes (check_async_recipe)
+        kwargs["eval_dataset"] = eval_dataset
+        quantization = get_quantization_config(model_args)
+        if quantization is not None:
+            kwargs["quantization_config"] = quantization
+    trainer = trainer_class(method, recipe.asynchronous, recipe.source)
+    return trainer(model, reward_funcs if reward_funcs else None, **kwargs)
+
+
+def check_async_recipe(recipe: Recipe, *, model: Any = None, eval_dataset: Any = None) -> None:
+    """Refuse, before anything is loaded, what TRL's asynchronous trainer cannot take; each message names the recipe
+    key and the fix (the same recipe trains synchronously without ``asynchronous: true``).
+
+    Raises:
+        RecipeError: a model object (it loads the model itself, by name), ``attn_implementation`` (it attends with
+            its own prefix-tree kernel), quantization (``load_in_4bit`` / ``load_in_8bit``), ``reward_models``
+            (its rollout worker scores with reward functions), or evaluation (``eval_strategy`` other than ``no``,
+            or an ``eval_dataset``).
+    """
+    model_args, args = recipe.model_args, recipe.training_args
+    where = f"{recipe.source}: asynchronous: true"
+    if model is not None and not isinstance(model, str):
+        raise RecipeError(
+            f"{where}, but model= is a {type(model).__name__}: TRL's asynchronous trainer loads the model itself, by "
+            "name, and the vLLM server serves it under that name. Pass a path or Hub id (or leave model= out: "
+            "`model_name_or_path`)."
+        )
+    if model_args.attn_implementation is not None:
+        raise RecipeError(
+            f"{where}, with attn_implementation={model_args.attn_implementation!r}: TRL's asynchronous trainer packs "
+            "each micro-batch into a prefix tree and attends with its own kernel. Remove `attn_implementation`."
+        )
+    if model_args.load_in_4bit or model_args.load_in_8bit:
+        raise RecipeError(
+            f"{where}, with load_in_4bit/load_in_8bit: TRL's asynchronous trainer does not load quantized models. "
+            "Remove them, or train synchronously (remove `asynchronous: true`)."
+        )
+    if recipe.script_args.reward_models:
+        raise RecipeError(
+            f"{where}, with reward_models: TRL's asynchronous rollout worker scores with reward functions only. Use "
+            "`reward_funcs:` (picklable module-level functions or classes), or train synchronously."
+        )
+    evaluation = getattr(args, "eval_strategy", "no")
+    evaluation = getattr(evaluation, "value", evaluation)  # TrainingArguments holds an IntervalStrategy
+    if evaluation != "no" or eval_dataset is not None:
+        raise RecipeError(
+            f"{where}, with evaluation (eval_strategy={evaluation!r}): TRL's "
+            "asynchronous trainer takes no eval_dataset. Set `eval_strategy: no`, or train synchronously."
+        )
 
 
 def train_from_recipe(recipe: Recipe, **build_kwargs: Any) -> Any:
@@ -167,7 +220,7 @@ def recipe_run_info(recipe: Recipe, trainer: Any) -> RunInfo:
             recipe.model_args.model_name_or_path or getattr(trainer.model.config, "_name_or_path", None)
         ),
         dataset=_dataset_reference(recipe),
-        reward_funcs=[getattr(f, "__name__", str(f)) for f in trainer.reward_funcs],
+        reward_funcs=reward_names(getattr(trainer, "reward_funcs", None), recipe),
         config=config_summary(recipe.training_args, recipe.set_keys or None),
         peft=_peft_summary(recipe.model_args),
         metrics=last_logged_metrics(trainer.state.log_history),
@@ -175,8 +228,31 @@ def recipe_run_info(recipe: Recipe, trainer: Any) -> RunInfo:
         alerts=alerts,
         alert_log=alert_log,
         sandbox=getattr(trainer, "sandbox_info", None),  # what the REPLs of this run were isolated from
-        extra={"recipe": str(recipe.source)} if recipe.source else {},
+        extra=_run_extra(recipe),
     )
+
+
+def reward_names(reward_funcs: Sequence[Any] | None, recipe: Recipe) -> list[str]:
+    """The run file's ``reward_funcs``: the trainer's reward functions' names, or, for a trainer that keeps them in
+    its rollout worker (TRL's asynchronous trainer), the names the recipe's ``reward_models`` and ``reward_funcs``
+    entries give (``pkg.mod:exact_match`` -> ``exact_match``; a built-in name -> what it resolves to)."""
+    if reward_funcs is not None:
+        return [getattr(func, "__name__", str(func)) for func in reward_funcs]
+    names = list(recipe.script_args.reward_models or [])
+    for spec in recipe.script_args.reward_funcs or []:
+        target = spec if isinstance(spec, str) else (spec.get("path") or spec.get("name"))
+        target = REWARD_REGISTRY.get(target, target)
+        names.append(target.rsplit(":", 1)[-1].rsplit(".", 1)[-1])
+    return names
+
+
+def _run_extra(recipe: Recipe) -> dict[str, Any]:
+    """The run file's ``extra`` of a recipe run: the recipe's path, and ``asynchronous: true`` for a run of an
+    asynchronous trainer (its settings, ``max_staleness`` and the like, are in ``config`` when the recipe set them)."""
+    extra: dict[str, Any] = {"recipe": str(recipe.source)} if recipe.source else {}
+    if recipe.asynchronous:
+        extra["asynchronous"] = True
+    return extra
 
 
 def _model_reference(name: str | None) -> str | None:

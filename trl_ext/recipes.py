@@ -3,7 +3,10 @@ in ``trl grpo --config``).
 
 A recipe is one flat YAML mapping, exactly like the files TRL's scripts read, plus one key, ``trainer``, that picks
 the method (`trl_ext.methods.METHODS`, written with underscores: ``stepwise_rlm``, ``judge_credit``, ``rlmt``,
-``grpo``) and so its config and trainer classes.
+``grpo``) and so its config and trainer classes. ``asynchronous: true`` picks the method's asynchronous classes
+instead (on TRL's experimental `AsyncGRPOTrainer`, docs/async.md: ``grpo`` -> `ExtAsyncGRPOConfig` /
+`ExtAsyncGRPOTrainer`, ``stepwise_rlm`` -> `AsyncStepwiseRLMConfig` / `AsyncStepwiseRLMTrainer`, ...); the config
+keys are then that config's fields (``max_staleness``, ``vllm_server_base_url``, ...).
 
 Every other key is a field of one of four dataclasses, parsed by `trl.TrlParser`: `TrainScriptArguments` (TRL's
 ``ScriptArguments`` — ``dataset_name``, splits — plus ``trainer``, ``reward_funcs``, ``reward_models`` and the
@@ -58,6 +61,7 @@ __all__ = [
     "data_file_builder",
     "override_keys",
     "parse_recipe",
+    "read_asynchronous",
     "read_trainer_name",
     "trainer_class",
 ]
@@ -75,6 +79,9 @@ class TrainScriptArguments(ScriptArguments):
 
     Parameters:
         trainer: the method, ``stepwise_rlm``, ``judge_credit``, ``rlmt`` or ``grpo`` (`trl_ext.methods.METHODS`).
+        asynchronous: train with the method's asynchronous trainer (TRL's experimental ``AsyncGRPOTrainer``, against
+            a running ``vllm serve``; docs/async.md); its config's fields (``max_staleness``,
+            ``vllm_server_base_url``, ...) become recipe keys.
         reward_funcs: reward functions: import paths, built-in names or ``{path, kwargs}`` mappings (YAML).
         reward_models: sequence-classification reward models (Hub ids or paths) that TRL loads and scores the whole
             completion with (not for ``rlmt``: set ``reward_model_name_or_path``, which scores the response only).
@@ -86,6 +93,16 @@ class TrainScriptArguments(ScriptArguments):
     trainer: str = field(
         default="grpo",
         metadata={"help": f"Which trl-ext trainer: {_RECIPE_NAMES} (grpo: ExtGRPOTrainer)."},
+    )
+    asynchronous: bool = field(
+        default=False,
+        metadata={
+            "help": "Train with the method's asynchronous trainer (grpo: ExtAsyncGRPOTrainer, stepwise_rlm: "
+            "AsyncStepwiseRLMTrainer, ...; TRL's experimental AsyncGRPOTrainer): a rollout worker generates against "
+            "a running `vllm serve` (vllm_server_base_url) while the trainer trains, on samples up to max_staleness "
+            "policy versions old (docs/async.md). The config is then the asynchronous one: its fields "
+            "(max_staleness, vllm_server_base_url, weight_sync_steps, ...) are recipe keys."
+        },
     )
     reward_funcs: list[str] | None = field(
         default=None,
@@ -128,20 +145,52 @@ class Recipe:
         """The method ``trainer:`` names (`trl_ext.methods.METHODS`)."""
         return method_for_recipe(self.trainer)
 
+    @property
+    def asynchronous(self) -> bool:
+        """Whether the recipe trains with the method's asynchronous trainer (``asynchronous: true``)."""
+        return self.script_args.asynchronous
+
 
 def read_trainer_name(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> str:
     """The ``trainer`` of a recipe file (a ``--trainer`` override wins); `RecipeError`, naming the choices, if it is
     not a method's recipe name (`trl_ext.methods.Method.recipe_name`)."""
     mapping = _read_yaml(Path(path))
-    name = mapping.get("trainer", "grpo")
-    args = list(overrides)
-    if "--trainer" in args and args.index("--trainer") + 1 < len(args):
-        name = args[args.index("--trainer") + 1]
+    name = _override_value(overrides, "trainer", mapping.get("trainer", "grpo"))
     try:
         method_for_recipe(name)
     except ValueError as error:
         raise RecipeError(f"{path}: {error}") from None
     return name
+
+
+def read_asynchronous(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> bool:
+    """The ``asynchronous`` of a recipe file (an ``--asynchronous [true|false]`` override wins; the flag alone means
+    true, as TRL's parser reads it); `RecipeError` unless it is a boolean."""
+    value = _override_value(overrides, "asynchronous", _read_yaml(Path(path)).get("asynchronous", False))
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in _BOOLEANS:
+        return _BOOLEANS[value.lower()]
+    raise RecipeError(f"{path}: asynchronous={value!r} is not a boolean; write `asynchronous: true` or `false`.")
+
+
+# The strings TRL's parser reads as booleans (transformers' string_to_bool).
+_BOOLEANS = {"yes": True, "true": True, "t": True, "y": True, "1": True}
+_BOOLEANS |= {"no": False, "false": False, "f": False, "n": False, "0": False}
+
+
+def _override_value(overrides: Sequence[str], key: str, default: Any) -> Any:
+    """The value the last ``--key value`` / ``--key=value`` of ``overrides`` gives ``key`` (``True`` for a bare
+    ``--key``, as TRL's parser reads a boolean flag), else ``default``."""
+    value = default
+    args = list(overrides)
+    for index, token in enumerate(args):
+        if token == f"--{key}":
+            following = args[index + 1] if index + 1 < len(args) else None
+            value = True if following is None or following.startswith("--") else following
+        elif token.startswith(f"--{key}="):
+            value = token.split("=", 1)[1]
+    return value
 
 
 def parse_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Recipe:
@@ -155,10 +204,14 @@ def parse_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) ->
 
     path = Path(path)
     name = read_trainer_name(path, overrides)
-    config = config_class(method_for_recipe(name))
-    dataclass_types = (TrainScriptArguments, config, ModelConfig, DatasetMixtureConfig)
+    asynchronous = read_asynchronous(path, overrides)
+    config = config_class(method_for_recipe(name), asynchronous=asynchronous, source=path)
+    # A field the config shares with `ModelConfig` (TRL's async config has `dtype`, with the same meaning) is one
+    # key: the config parses it, and `ModelConfig` gets the same value below.
+    shared = sorted(_field_names(config) & _field_names(ModelConfig))
+    dataclass_types = (TrainScriptArguments, config, _parsed_without(ModelConfig, shared), DatasetMixtureConfig)
     mapping = _read_yaml(path)
-    _check_keys(path, name, mapping, dataclass_types)
+    _check_keys(path, name, mapping, dataclass_types, asynchronous)
     parser = TrlParser(dataclass_types)
     try:
         script_args, training_args, model_args, dataset_args = parser.parse_args_and_config(
@@ -171,12 +224,30 @@ def parse_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) ->
         raise RecipeError(f"{path}: {error}{hint}") from None
     except SystemExit as error:  # argparse has printed what it could not parse
         raise RecipeError(f"{path}: invalid command-line override or value (see the message above).") from error
+    for key in shared:
+        setattr(model_args, key, getattr(training_args, key))
+    if script_args.asynchronous != asynchronous:  # the classes were picked before parsing: they must agree
+        raise RecipeError(
+            f"{path}: asynchronous={script_args.asynchronous!r} after parsing, but the recipe was read as "
+            f"asynchronous={asynchronous!r}; write it as `asynchronous: true` (or false) in the file, or "
+            "`--asynchronous true` on the command line."
+        )
     given = override_keys(overrides)
     if "dataset_name" in given and "datasets" not in given and dataset_args.datasets:
         dataset_args.datasets = []  # the command line wins over the file: `--dataset_name` replaces its `datasets:`
     dataset_args.datasets = [_local_data_file_config(path, config) for config in dataset_args.datasets]
     set_keys = (set(mapping) | given) - {"env"}
     return Recipe(script_args, training_args, model_args, dataset_args, source=path, set_keys=set_keys)
+
+
+def _parsed_without(cls: type, names: Sequence[str]) -> type:
+    """``cls``, or when ``names`` are given a subclass of it (same name) whose fields ``names`` are not parsed
+    (``init=False``: TRL's parser skips them) and keep their defaults until set."""
+    if not names:
+        return cls
+    fields = {item.name: item for item in dataclasses.fields(cls)}
+    own = [(name, fields[name].type, field(default=fields[name].default, init=False)) for name in names]
+    return dataclasses.make_dataclass(cls.__name__, own, bases=(cls,))
 
 
 def override_keys(overrides: Sequence[str]) -> set[str]:
@@ -230,14 +301,18 @@ def _local_data_file_config(source: Path | None, config: Any) -> Any:
     return dataclasses.replace(config, path=builder, data_files=config.path)
 
 
-def _check_keys(path: Path, trainer: str, mapping: Mapping[str, Any], dataclass_types: Sequence[type]) -> None:
-    """Unknown keys are a typo or another trainer's field: say which, with the closest known names."""
+def _check_keys(
+    path: Path, trainer: str, mapping: Mapping[str, Any], dataclass_types: Sequence[type], asynchronous: bool = False
+) -> None:
+    """Unknown keys are a typo, a field of the same method's other trainer (synchronous or asynchronous) or another
+    trainer's field: say which, with the closest known names."""
     import difflib
 
     known = {"env"} | {item.name for cls in dataclass_types for item in dataclasses.fields(cls)}
     unknown = [key for key in mapping if key not in known]
     if not unknown:
         return
+    other_mode = _existing_config_class(method_for_recipe(trainer), not asynchronous)
     hints = []
     for key in unknown:
         close = difflib.get_close_matches(key, known, n=1)
@@ -246,15 +321,24 @@ def _check_keys(path: Path, trainer: str, mapping: Mapping[str, Any], dataclass_
             for method in METHODS.values()
             if method.recipe_name != trainer and key in _field_names(config_class(method))
         ]
-        if owner:
+        if other_mode is not None and key in _field_names(other_mode):
+            if asynchronous:
+                hints.append(
+                    f"{key!r} (a field of the synchronous trainer's {other_mode.__name__}, not of the asynchronous "
+                    "one's: remove it, or `asynchronous: false`)"
+                )
+            else:
+                hints.append(f"{key!r} (a field of the asynchronous {other_mode.__name__}: set `asynchronous: true`)")
+        elif owner:
             hints.append(f"{key!r} (a field of trainer {owner[0]!r})")
         elif close:
             hints.append(f"{key!r} (did you mean {close[0]!r}?)")
         else:
             hints.append(repr(key))
     names = ", ".join(cls.__name__ for cls in dataclass_types)
+    mode = "asynchronous " if asynchronous else ""
     raise RecipeError(
-        f"{path}: unknown key(s) for trainer {trainer!r}: {'; '.join(hints)}. Valid keys: fields of {names}."
+        f"{path}: unknown key(s) for {mode}trainer {trainer!r}: {'; '.join(hints)}. Valid keys: fields of {names}."
     )
 
 
@@ -278,11 +362,59 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def config_class(method: Method) -> type:
-    """The config class of ``method`` (imports `trl_ext.trainers`)."""
-    return getattr(importlib.import_module("trl_ext.trainers"), method.config)
+def config_class(method: Method, asynchronous: bool = False, source: Path | None = None) -> type:
+    """The config class of ``method``, its asynchronous one with ``asynchronous`` (imports `trl_ext.trainers`).
+
+    Raises:
+        RecipeError: ``asynchronous`` for a method without an asynchronous trainer, or whose asynchronous classes
+            this trl-ext does not have (yet); the message names the recipe ``source``, the class and the fix.
+    """
+    return _trainers_class(method, asynchronous, 1, source)
 
 
-def trainer_class(method: Method) -> type:
-    """The trainer class of ``method`` (imports `trl_ext.trainers`)."""
-    return getattr(importlib.import_module("trl_ext.trainers"), method.trainer)
+def trainer_class(method: Method, asynchronous: bool = False, source: Path | None = None) -> type:
+    """The trainer class of ``method``, its asynchronous one with ``asynchronous`` (imports `trl_ext.trainers`);
+    `RecipeError` as `config_class`."""
+    return _trainers_class(method, asynchronous, 0, source)
+
+
+def _trainers_class(method: Method, asynchronous: bool, index: int, source: Path | None) -> type:
+    """Class ``index`` (0 trainer, 1 config) of `Method.classes`, from `trl_ext.trainers`."""
+    where = f"{source}: " if source else ""
+    name = method.classes(asynchronous)[index]
+    if name is None:
+        raise RecipeError(
+            f"{where}trainer {method.recipe_name!r} has no asynchronous trainer; remove `asynchronous: true` to "
+            f"train it synchronously ({method.trainer}), or pick one of {_async_choices()}."
+        )
+    cls = _trainers_attribute(name)
+    if cls is not None:
+        return cls
+    if not asynchronous:
+        raise AttributeError(f"trl_ext.trainers has no {name}, the {method.tag} method's class (trl_ext.methods).")
+    raise RecipeError(
+        f"{where}`asynchronous: true` with trainer {method.recipe_name!r} needs {name}, which this trl-ext does "
+        f"not have yet (trl_ext.trainers has no {name}). Remove `asynchronous: true` to train it synchronously "
+        f"({method.trainer}), or pick a trainer whose asynchronous version exists: {_async_choices()}."
+    )
+
+
+def _trainers_attribute(name: str) -> type | None:
+    """``trl_ext.trainers.<name>`` (imported on first access), or None when there is none."""
+    return getattr(importlib.import_module("trl_ext.trainers"), name, None)
+
+
+def _existing_config_class(method: Method, asynchronous: bool) -> type | None:
+    """The config class of ``method`` in that mode, or None when it has none (yet)."""
+    name = method.classes(asynchronous)[1]
+    return None if name is None else _trainers_attribute(name)
+
+
+def _async_choices() -> str:
+    """The recipe names of the methods whose asynchronous classes exist, for error messages."""
+    names = [
+        method.recipe_name
+        for method in METHODS.values()
+        if all(name is not None and _trainers_attribute(name) is not None for name in method.classes(True))
+    ]
+    return ", ".join(names) or "none"

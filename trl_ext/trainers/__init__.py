@@ -1,7 +1,7 @@
 """Trainers: thin subclasses of TRL's GRPOTrainer/GRPOConfig that wire trl-ext's pure modules in.
 
-The asynchronous trainers (`ExtAsyncGRPOTrainer`, `AsyncStepwiseRLMTrainer` and their configs, on TRL's experimental
-`AsyncGRPOTrainer`) load on first access: importing `trl.experimental` warns that its APIs may change.
+The asynchronous trainers (`ExtAsyncGRPOTrainer`, `AsyncStepwiseRLMTrainer`, `AsyncJudgeCreditTrainer`,
+`AsyncRLMTTrainer` and their configs, on TRL's experimental `AsyncGRPOTrainer`) load on first access: importing `trl.experimental` warns that its APIs may change.
 """
 
 from importlib import import_module
@@ -18,6 +18,10 @@ from .stepwise_rlm_config import StepwiseRLMConfig
 
 # public name -> module, imported on first access
 _LAZY = {
+    "AsyncJudgeCreditConfig": "trl_ext.trainers.async_judge",
+    "AsyncJudgeCreditTrainer": "trl_ext.trainers.async_judge",
+    "AsyncRLMTConfig": "trl_ext.trainers.async_rlmt",
+    "AsyncRLMTTrainer": "trl_ext.trainers.async_rlmt",
     "AsyncStepwiseRLMConfig": "trl_ext.trainers.async_rlm",
     "AsyncStepwiseRLMTrainer": "trl_ext.trainers.async_rlm",
     "ExtAsyncGRPOConfig": "trl_ext.trainers.ext_async_grpo_config",
@@ -25,6 +29,10 @@ _LAZY = {
 }
 
 __all__ = [
+    "AsyncJudgeCreditConfig",
+    "AsyncJudgeCreditTrainer",
+    "AsyncRLMTConfig",
+    "AsyncRLMTTrainer",
     "AsyncStepwiseRLMConfig",
     "AsyncStepwiseRLMTrainer",
     "ExtAsyncGRPOConfig",

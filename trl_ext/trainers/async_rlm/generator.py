@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import requests
@@ -20,9 +21,12 @@ from ...rlm.generators import Completion, SamplingSettings
 
 __all__ = ["ServedPolicyGenerator"]
 
+MAX_CONCURRENT_REQUESTS = 64  # requests of one generator call in flight at once
+
 
 class ServedPolicyGenerator:
-    """Batched sampling from ``vllm serve`` (``POST /v1/completions`` with token-id prompts), one call per wave.
+    """Sampling from ``vllm serve`` (``POST /v1/completions`` with token-id prompts): one call per wave, one request
+    per prompt, sent concurrently (vLLM batches them).
 
     Args:
         base_url: the server, e.g. ``"http://localhost:8000"``.
@@ -55,25 +59,40 @@ class ServedPolicyGenerator:
         self.versions_used: list[int] = []
         self._random = random.Random(seed)
         self._lock = threading.Lock()
-        self._session = requests.Session()
 
     @property
     def request_model(self) -> str:
         """The ``model`` of the next request: ``<lora_name>-v<version>``, or the base model without LoRA sync."""
-        return self.model_name if self.lora_name is None else f"{self.lora_name}-v{self.model_version}"
+        return self.request_model_of(self.model_version)
 
     def update_model_version(self, model_version: int) -> None:
         self.model_version = int(model_version)
 
     def generate(self, prompts: Sequence[Sequence[int]]) -> list[Completion]:
+        """One completion per prompt, each from a request of its own with a seed of its own, sent concurrently.
+
+        vLLM gives every prompt of one batched request the request's seed: the G identical first prompts of a task's
+        trees would get G identical completions (and a group advantage of 0). One request per prompt, sent at once,
+        keeps vLLM's batching (it batches concurrent requests) and gives each prompt its own draw.
+        """
         if not prompts:
             return []
         with self._lock:
-            version, seed = self.model_version, self._random.getrandbits(62)
+            version = self.model_version
+            seeds = [self._random.getrandbits(62) for _ in prompts]
             self.versions_used.append(version)
+        model = self.request_model_of(version)
+        with ThreadPoolExecutor(max_workers=min(len(prompts), MAX_CONCURRENT_REQUESTS)) as pool:
+            return list(pool.map(lambda item: self._complete(model, *item), zip(prompts, seeds, strict=True)))
+
+    def request_model_of(self, version: int) -> str:
+        """The request's ``model`` for policy ``version``: ``<lora_name>-v<version>``, or the base model."""
+        return self.model_name if self.lora_name is None else f"{self.lora_name}-v{version}"
+
+    def _complete(self, model: str, prompt: Sequence[int], seed: int) -> Completion:
         payload: dict[str, Any] = {
-            "model": self.request_model,
-            "prompt": [list(prompt) for prompt in prompts],
+            "model": model,
+            "prompt": list(prompt),
             **self.settings.vllm_fields(top_k_off=-1),
             "n": 1,
             "logprobs": 0,
@@ -81,23 +100,20 @@ class ServedPolicyGenerator:
             "seed": seed,
             **self.settings.generation_kwargs,
         }
-        response = self._session.post(f"{self.base_url}/v1/completions", json=payload, timeout=self.timeout_s)
+        response = requests.post(f"{self.base_url}/v1/completions", json=payload, timeout=self.timeout_s)
         if response.status_code != 200:
             raise RuntimeError(
-                f"vllm serve at {self.base_url} answered {response.status_code} for model {payload['model']!r}: "
+                f"vllm serve at {self.base_url} answered {response.status_code} for model {model!r}: "
                 f"{response.text[:500]}"
             )
-        choices = sorted(response.json()["choices"], key=lambda choice: choice["index"])
-        if len(choices) != len(prompts):
-            raise RuntimeError(f"vllm serve returned {len(choices)} completions for {len(prompts)} prompts.")
-        completions = []
-        for choice in choices:
-            token_ids = choice.get("token_ids")
-            logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
-            if token_ids is None or logprobs is None:
-                raise RuntimeError(
-                    "vllm serve returned no token ids or log-probs: it must support return_token_ids and logprobs "
-                    "(vLLM >= 0.10)."
-                )
-            completions.append(Completion(token_ids=list(token_ids), logprobs=[float(v) for v in logprobs]))
-        return completions
+        choices = response.json()["choices"]
+        if len(choices) != 1:
+            raise RuntimeError(f"vllm serve returned {len(choices)} completions for one prompt.")
+        token_ids = choices[0].get("token_ids")
+        logprobs = (choices[0].get("logprobs") or {}).get("token_logprobs")
+        if token_ids is None or logprobs is None:
+            raise RuntimeError(
+                "vllm serve returned no token ids or log-probs: it must support return_token_ids and logprobs "
+                "(vLLM >= 0.10)."
+            )
+        return Completion(token_ids=list(token_ids), logprobs=[float(v) for v in logprobs])

@@ -14,6 +14,7 @@ trl-ext builds on ``AsyncGRPOTrainer`` through its extension points where they f
 | ``_lora_sync``, ``_lora_name`` | `served_policy_names`: the model name a rollout worker of trl-ext's requests (``trl-policy-v{N}``, or the base model) |
 | ``_tag_names``, ``_name``, ``_paper`` | set from a subclass's ``model_card`` (`trl_ext.methods.METHODS`) |
 | ``async_grpo_trainer.DataCollatorForRollout`` (built in ``get_train_dataloader``), the ``metrics`` of a rollout sample | per-token loss weights: a weighted sample carries its weight in its ``metrics``; `loss_weight_collator` swaps in `LossWeightCollator` (TRL's collator plus ``loss_weights``) for the one ``get_train_dataloader`` call; `TreeForward.loss_weights` |
+| ``packing.TreeRow.pack``'s order of loss terms, the collated ``advantages`` | per-token advantages ``A + c_t`` (the judge's credit): a credited sample carries ``c`` in its ``metrics``; `token_credit_collator` swaps in `TokenCreditCollator` (`LossWeightCollator` plus the credit added to ``advantages``) |
 
 `install_cpu_support` is called by `AsyncSeam.__init__` when the model trains off CUDA (``args.device``); the
 replacements dispatch on the tensors' device, so TRL's kernel and FLOPs table still serve CUDA in the same process.
@@ -21,7 +22,7 @@ Generation is TRL's: a rollout worker in a spawned child process against ``vllm 
 see the ``vllm`` test group), LoRA synced over HTTP.
 
 Modules: `check` (what the seam takes from TRL, as data, and `check_trl_async`), `cpu` (the kernel and the patch),
-`trainer` (`AsyncSeam`, `TreeForward`), `weights` (per-token loss weights through TRL's batch), `policy` (`served_policy_names`). `check_trl_async` runs at import: it compares the signatures of the methods
+`trainer` (`AsyncSeam`, `TreeForward`), `weights` (per-token loss weights through TRL's batch), `credit` (per-token advantages through TRL's batch), `policy` (`served_policy_names`). `check_trl_async` runs at import: it compares the signatures of the methods
 overridden and the module attributes replaced, the keywords TRL passes the attention kernel, the attributes read
 (assigned by ``AsyncGRPOTrainer``'s methods, or class attributes), and the keys of TRL's collated batch (its
 collator run on one hand-built sample, and the keys its ``compute_loss`` reads), and fails with the fix
@@ -36,10 +37,18 @@ from .check import (
     FORWARD_KEYS,
     KERNEL_KEYWORDS,
     LOSS_WEIGHT_INTERNALS,
+    TOKEN_CREDIT_INTERNALS,
     check_trl_async,
     collated_batch_keys,
 )
 from .cpu import attention_allowed, cpu_support_installed, flash_attn_varlen_cpu, install_cpu_support
+from .credit import (
+    TOKEN_CREDIT_KEY,
+    TokenCreditCollator,
+    credited_sample_metrics,
+    per_token_credit,
+    token_credit_collator,
+)
 from .policy import served_policy_names
 from .trainer import AsyncSeam, TreeForward
 from .weights import (
@@ -60,18 +69,24 @@ __all__ = [
     "KERNEL_KEYWORDS",
     "LOSS_WEIGHTS_KEY",
     "LOSS_WEIGHT_INTERNALS",
+    "TOKEN_CREDIT_INTERNALS",
+    "TOKEN_CREDIT_KEY",
     "AsyncSeam",
     "LossWeightCollator",
+    "TokenCreditCollator",
     "TreeForward",
     "attention_allowed",
     "check_trl_async",
     "collated_batch_keys",
+    "credited_sample_metrics",
     "cpu_support_installed",
     "flash_attn_varlen_cpu",
     "fold_loss_weights",
     "install_cpu_support",
     "loss_weight_collator",
+    "per_token_credit",
     "per_token_loss_weights",
     "served_policy_names",
+    "token_credit_collator",
     "weighted_sample_metrics",
 ]

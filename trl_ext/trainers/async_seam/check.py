@@ -23,6 +23,7 @@ __all__ = [
     "FORWARD_KEYS",
     "KERNEL_KEYWORDS",
     "LOSS_WEIGHT_INTERNALS",
+    "TOKEN_CREDIT_INTERNALS",
     "check_trl_async",
 ]
 
@@ -96,6 +97,15 @@ LOSS_WEIGHT_INTERNALS: tuple[str, ...] = (
 )
 
 
+# What carrying per-token credit (`credit`) takes from TRL, besides the first two of `LOSS_WEIGHT_INTERNALS`: the
+# packer emits a row's loss terms sample by sample, each sample's at its positions p >= 1 with completion_mask[p] = 1
+# in order, with the sample's advantage (checked by collating two credited samples that share a prefix).
+TOKEN_CREDIT_INTERNALS: tuple[str, ...] = (
+    "packing.TreeRow.pack: a row's loss terms sample by sample, each at its trained positions p >= 1 in order",
+    "the collated advantages: each loss term's sample advantage",
+)
+
+
 def check_trl_async() -> None:
     """Fail with the fix when the installed TRL's asynchronous trainer lacks what the async seam relies on."""
     problems = []
@@ -141,6 +151,7 @@ def check_trl_async() -> None:
             f"AsyncGRPOTrainer.compute_loss reads the batch keys {sorted(read)} (expected {sorted(FORWARD_KEYS)})"
         )
     problems += _loss_weight_problems()
+    problems += _token_credit_problems()
     if problems:
         raise ImportError(
             f"trl-ext's async trainer needs TRL 1.16's experimental AsyncGRPOTrainer internals, and trl "
@@ -210,6 +221,37 @@ def _loss_weight_problems() -> list[str]:
     elif batch[LOSS_WEIGHTS_KEY][0].tolist() != [5.0, 5.0, 10.0, 10.0, 10.0]:  # weight x 5 tokens / 1 root
         problems.append(f"the collated loss_weights are {batch[LOSS_WEIGHTS_KEY][0].tolist()}")
     return problems
+
+
+def _token_credit_problems() -> list[str]:
+    """What `TOKEN_CREDIT_INTERNALS` lists, checked against the installed TRL: two credited samples sharing a prompt
+    collate to advantages ``A + c`` term by term."""
+    from .credit import TokenCreditCollator, credited_sample_metrics
+
+    samples = (
+        ([4, 5], 1.0, [0.5, -0.5]),
+        ([6, 7, 8], -1.0, [0.25, 0.0, 1.0]),
+    )
+    try:
+        row = packing.TreeRow()
+        for completion, advantage, credit in samples:
+            row.add(
+                {
+                    "input_ids": torch.tensor([1, 2, 3, *completion]),
+                    "completion_mask": torch.tensor([0, 0, 0] + [1] * len(completion)),
+                    "old_log_probs": torch.zeros(3 + len(completion)),
+                    "advantage": advantage,
+                    "group_id": 0,
+                    "metrics": credited_sample_metrics({}, [0.0, 0.0, 0.0, *credit]),
+                }
+            )
+        batch = TokenCreditCollator(pad_token_id=0).torch_call([[row]])
+    except Exception as error:  # noqa: BLE001  (any failure on a valid sample is a difference)
+        return [f"the token-credit collator fails on two samples ({type(error).__name__}: {error})"]
+    expected = [advantage + value for _, advantage, credit in samples for value in credit]
+    if batch["advantages"][0].tolist() != expected:
+        return [f"the collated per-token advantages are {batch['advantages'][0].tolist()} (expected {expected})"]
+    return []
 
 
 def _source_tree(function) -> ast.AST | None:

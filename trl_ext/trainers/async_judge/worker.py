@@ -1,0 +1,410 @@
+"""`JudgeRolloutWorker`: TRL's ``RolloutWorkerProtocol`` producing judged samples (docs/judge_credit.md).
+
+A background thread of the trainer process loops: for ``groups_per_run`` prompts of the dataset (in order,
+cycling), ``num_generations`` completions each from the policy (one batched generator call: ``vllm serve``'s latest
+published adapter, `ServedPolicyGenerator`); the verifier rewards (the reward functions, summed; None is skipped);
+the group advantage ``A`` (`group_advantages`); then one judge conversation per rollout (`SpanJudge`, on the
+worker's own event loop, every call of the run concurrently), its spans turned into ``cap_λ(c)`` (`rollout_credit`);
+and one `RolloutSample` per rollout (`judged_sample`) into ``rollout_buffer``. The judge's time is the worker's, so
+it overlaps training.
+
+Faults. A judge fault (endpoint down, 429/5xx after retries, timeout, unparseable answer, a crash) gives that rollout
+zero credit: it keeps its outcome advantage, is counted in ``judge/failure_ratio`` and recorded in the audit log,
+and the outage is logged as by the synchronous trainer (`JudgeOutage`); it never stops the worker. A failing run
+(the generator, a reward function) is logged with its traceback, counted in ``judge/worker_errors_total`` and
+retried with the next prompts; ``max_consecutive_errors`` failures in a row stop the thread, and then `check_health`
+(called by the trainer while it waits for samples) raises with the cause.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from ...judge.audit import JudgeAuditLog, text_hash
+from ...judge.batch import JudgeOutage, collect_verdict, optional_text, prompt_text, verdict_text
+from ...judge.client import BackgroundEventLoop
+from ...judge.judge import JudgeRequest, JudgeVerdict, SpanJudge, extract_final_answer
+from ...judge.markers import build_marked_trace
+from ...rlm.generators import Completion, Generator
+from ...text import last_user_text
+from ..async_rlm.samples import group_advantages
+from .samples import judged_sample, rollout_credit
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["JudgeRolloutWorker"]
+
+
+class JudgeRolloutWorker:
+    """Judged rollouts for TRL's asynchronous trainer (``rollout_worker=``), in a thread of this process.
+
+    Args:
+        dataset: rows with a ``prompt`` (a string, or chat messages); every column is passed to the reward functions,
+            ``answer_column`` / ``solution_column`` are shown to the judge when present.
+        reward_funcs: TRL reward functions (``prompts``, ``completions``, ``completion_ids`` and the dataset columns as
+            keyword lists); the rewards of several functions are summed (None: skipped).
+        tokenizer: the policy's tokenizer (with a chat template; the judge reads its decoded tokens).
+        generator: the policy's sampler (`trl_ext.rlm.Generator`); when it has ``update_model_version`` (e.g.
+            `ServedPolicyGenerator`), the worker forwards each new version to it.
+        judge: the `SpanJudge`; its ``label_scores`` score the spans.
+        num_generations: completions per prompt (one group).
+        groups_per_run: prompts sampled together (one generator call, their judge calls concurrent).
+        scale_rewards: ``"none"`` (Dr. GRPO) or ``"group"`` (`group_advantages`).
+        judge_lambda: λ of the cap (`rollout_credit`).
+        marker_every: the judge's markers (`build_marked_trace`).
+        verdict_reward: the index of the reward function whose value the judge is shown, or None for the total.
+        answer_column, solution_column: the dataset columns of the reference answer / worked solution.
+        audit: where every verdict is appended (None: not recorded).
+        step: the trainer's global step, for the audit records and the outage log.
+        queue_maxsize: bound of ``rollout_buffer`` (0: unbounded).
+        max_consecutive_errors: failed runs in a row that stop the worker.
+        outage_loud_batches: runs in which every judge call failed before the outage warning becomes an error.
+        chat_template_kwargs: for ``apply_chat_template``.
+
+    Attributes:
+        rollout_buffer, metrics_queue: what TRL's trainer drains (``RolloutWorkerProtocol``).
+        model_version: the version last published by the trainer.
+        errors: failed runs so far; groups: groups scored so far; last_verdicts: the verdicts of the last run.
+    """
+
+    def __init__(
+        self,
+        *,
+        dataset: Any,
+        reward_funcs: Sequence[Callable[..., list[float | None]]],
+        tokenizer: Any,
+        generator: Generator | None,
+        judge: SpanJudge,
+        num_generations: int,
+        groups_per_run: int = 1,
+        scale_rewards: str = "none",
+        judge_lambda: float = 0.25,
+        marker_every: int = 64,
+        verdict_reward: int | None = None,
+        answer_column: str = "answer",
+        solution_column: str = "solution",
+        audit: JudgeAuditLog | None = None,
+        step: Callable[[], int] = lambda: 0,
+        queue_maxsize: int = 0,
+        max_consecutive_errors: int = 3,
+        outage_loud_batches: int = 5,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if len(dataset) == 0:
+            raise ValueError("The judge rollout worker needs a non-empty dataset of prompts.")
+        if not reward_funcs or not all(callable(func) for func in reward_funcs):
+            raise TypeError("reward_funcs must be one or more callables (TRL's reward-function interface).")
+        if num_generations < 1 or groups_per_run < 1 or max_consecutive_errors < 1:
+            raise ValueError("num_generations, groups_per_run and max_consecutive_errors must be >= 1.")
+        if verdict_reward is not None and not 0 <= verdict_reward < len(reward_funcs):
+            raise ValueError(f"verdict_reward={verdict_reward} is not the index of one of the reward functions.")
+        group_advantages([0.0], scale_rewards)  # names a bad scale_rewards now
+        self.dataset = dataset
+        self.reward_funcs = list(reward_funcs)
+        self.reward_func_names = [getattr(func, "__name__", type(func).__name__) for func in self.reward_funcs]
+        self.tokenizer = tokenizer
+        self.generator = generator
+        self.judge = judge
+        self.num_generations = num_generations
+        self.groups_per_run = groups_per_run
+        self.scale_rewards = scale_rewards
+        self.judge_lambda = judge_lambda
+        self.marker_every = marker_every
+        self.verdict_reward = verdict_reward
+        self.answer_column, self.solution_column = answer_column, solution_column
+        self.audit = audit
+        self.step = step
+        self.max_consecutive_errors = max_consecutive_errors
+        self.outage_loud_batches = outage_loud_batches
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.stop_ids = {t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None}
+        self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
+        self.metrics_queue: queue.Queue = queue.Queue(maxsize=4096)
+        self.model_version = 0
+        self.errors = 0
+        self.groups = 0
+        self.last_verdicts: list[JudgeVerdict] = []
+        self._outage = JudgeOutage(judge.client, log=logger)
+        self._loop: BackgroundEventLoop | None = None
+        self._rows = self._cycle()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+        self._heartbeat = time.time()
+
+    # ------------------------------------------------------------------------------ RolloutWorkerProtocol
+    def start(self) -> None:
+        """Start the rollout thread (once; TRL calls it when training begins)."""
+        if self._thread is not None:
+            return
+        self._heartbeat = time.time()
+        self._thread = threading.Thread(target=self._main, name="judge-rollout-worker", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to stop, wait for the run in flight, and close the judge's event loop."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+            if self._thread.is_alive():
+                logger.warning("The judge rollout worker did not stop within 60 s (a run is still going).")
+                return
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+
+    def update_model_version(self, model_version: int) -> None:
+        self.model_version = int(model_version)
+        update = getattr(self.generator, "update_model_version", None)
+        if callable(update):
+            update(self.model_version)
+
+    def check_health(self, stale_after_s: float) -> None:
+        """Raise when the thread stopped on an error (with the cause), or has not ticked for ``stale_after_s``."""
+        if self._failure is not None:
+            raise RuntimeError(
+                f"The judge rollout worker stopped: {type(self._failure).__name__}: {self._failure}"
+            ) from self._failure
+        if self._thread is None:
+            raise RuntimeError("The judge rollout worker was never started (start() is called when training begins).")
+        if not self._thread.is_alive() and not self._stop.is_set():
+            raise RuntimeError("The judge rollout worker thread ended without an error; no more samples will come.")
+        age = time.time() - self._heartbeat
+        if age > stale_after_s:
+            raise RuntimeError(
+                f"The judge rollout worker made no progress for {age:.0f} s (> heartbeat_stale_after_s="
+                f"{stale_after_s:.0f}): the policy server or the judge may hang; lower judge_timeout."
+            )
+
+    # ------------------------------------------------------------------------------ the rollout loop
+    def _main(self) -> None:
+        try:
+            self._loop_runs()
+        except BaseException as error:  # noqa: BLE001  (kept for check_health, which re-raises it with the cause)
+            self._failure = error
+            logger.error("The judge rollout worker stopped: %s: %s", type(error).__name__, error)
+
+    def _loop_runs(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            rows = [next(self._rows) for _ in range(self.groups_per_run)]
+            try:
+                samples = self.rollout(rows)
+            except Exception as error:
+                failures += 1
+                self.errors += 1
+                self._push_metrics({"judge/worker_errors_total": 1.0})
+                logger.exception("Judge rollout run failed (%d in a row): %s", failures, error)
+                if failures >= self.max_consecutive_errors:
+                    raise RuntimeError(
+                        f"{failures} judge rollout runs failed in a row; the last with {type(error).__name__}: {error}"
+                    ) from error
+                continue
+            failures = 0
+            for sample in samples:
+                if not self._put(sample):
+                    return
+
+    def _put(self, sample: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                sample.enqueued_at = time.time()
+                self.rollout_buffer.put(sample, timeout=0.5)
+                self._heartbeat = time.time()
+                return True
+            except queue.Full:
+                self._heartbeat = time.time()  # waiting on the trainer is not a hang
+        return False
+
+    def _cycle(self) -> Iterator[dict[str, Any]]:
+        while True:
+            yield from self.dataset
+
+    def rollout(self, rows: Sequence[dict[str, Any]]) -> list[Any]:
+        """Sample, score, judge and turn into samples ``num_generations`` rollouts of each of ``rows``."""
+        if self.generator is None:
+            raise RuntimeError(
+                "The judge rollout worker has no generator: pass generator= (or let the trainer set it)."
+            )
+        version = self.model_version  # the version the completions are sampled from
+        prompt_ids = [self._prompt_ids(row["prompt"]) for row in rows]
+        completions = self.generator.generate([ids for ids in prompt_ids for _ in range(self.num_generations)])
+        self._heartbeat = time.time()
+        if len(completions) != len(rows) * self.num_generations:
+            raise RuntimeError(
+                f"The generator returned {len(completions)} completions for {len(rows) * self.num_generations} prompts."
+            )
+        groups = []
+        for index, (row, ids) in enumerate(zip(rows, prompt_ids, strict=True)):
+            group = completions[index * self.num_generations : (index + 1) * self.num_generations]
+            groups.append(self._score_group(row, ids, group))
+        started = time.perf_counter()
+        verdicts = self._judge([rollout for group in groups for rollout in group])
+        waited = time.perf_counter() - started
+        self._heartbeat = time.time()
+        self.last_verdicts = verdicts
+        samples, rollouts = [], [rollout for group in groups for rollout in group]
+        credit_mass = outcome_mass = 0.0
+        for rollout, verdict in zip(rollouts, verdicts, strict=True):
+            spans = verdict.spans if verdict.ok else []
+            credit = rollout_credit(
+                spans,
+                len(rollout["completion"].token_ids),
+                len(rollout["judged_ids"]),
+                self.judge.label_scores,
+                self.judge_lambda,
+            )
+            credit_mass += float(abs(credit).sum())
+            outcome_mass += abs(rollout["advantage"]) * len(credit)
+            samples.append(
+                judged_sample(
+                    rollout["prompt_ids"],
+                    rollout["completion"].token_ids,
+                    rollout["completion"].logprobs,
+                    advantage=rollout["advantage"],
+                    credit=credit,
+                    model_version=version,
+                    group_id=rollout["group_id"],
+                    metrics=rollout["metrics"],
+                    prompt=rollout["prompt"],
+                    completion=rollout["text"],
+                )
+            )
+        self._write_audit(rollouts, verdicts, version)
+        self._outage.report(verdicts, self.step(), self.outage_loud_batches)
+        self._push_judge_metrics(verdicts, credit_mass, outcome_mass, waited)
+        return samples
+
+    def _prompt_ids(self, prompt: Any) -> list[int]:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
+        )
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _score_group(self, row: dict[str, Any], prompt_ids: list[int], group: list[Completion]) -> list[dict]:
+        """The group's rewards, advantages and judge requests: one dict per rollout."""
+        texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in group]
+        per_func = self._rewards(row, texts, [list(c.token_ids) for c in group])
+        rewards = [math.fsum(v for v in values if not math.isnan(v)) for values in zip(*per_func, strict=True)]
+        advantages = group_advantages(rewards, self.scale_rewards)
+        mean = sum(rewards) / len(rewards)
+        reward_std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
+        group_id, self.groups = self.groups, self.groups + 1
+        if self.verdict_reward is None:
+            name, shown = "reward", rewards
+        else:
+            name, shown = self.reward_func_names[self.verdict_reward], per_func[self.verdict_reward]
+        rollouts = []
+        for index, (completion, text) in enumerate(zip(group, texts, strict=True)):
+            ids = list(completion.token_ids)
+            while ids and ids[-1] in self.stop_ids:  # the judge reads the text, not the end-of-sequence tokens
+                ids.pop()
+            trace = build_marked_trace(self.tokenizer, ids, every=self.marker_every)
+            metrics = {
+                "reward": rewards[index],
+                "reward_std": reward_std,
+                **{f"rewards/{func}": values[index] for func, values in zip(self.reward_func_names, per_func)},
+            }
+            rollouts.append(
+                {
+                    "prompt": row["prompt"],
+                    "prompt_ids": prompt_ids,
+                    "completion": completion,
+                    "text": text,
+                    "judged_ids": ids,
+                    "advantage": advantages[index],
+                    "group_id": group_id,
+                    "metrics": metrics,
+                    "verdict_given": verdict_text(name, shown[index]),
+                    "request": JudgeRequest(
+                        trace=trace,
+                        question=last_user_text(row["prompt"]),
+                        final_answer=extract_final_answer(trace.text),
+                        verdict=verdict_text(name, shown[index]),
+                        reference_answer=optional_text(row.get(self.answer_column)),
+                        reference_solution=optional_text(row.get(self.solution_column)),
+                    ),
+                }
+            )
+        return rollouts
+
+    def _rewards(self, row: dict[str, Any], texts: list[str], ids: list[list[int]]) -> list[list[float]]:
+        """``(functions, G)`` rewards (None -> NaN); the prompt's columns passed as TRL does."""
+        size = len(texts)
+        completions: list[Any] = list(texts)
+        if not isinstance(row["prompt"], str):  # conversational prompts get conversational completions, as in TRL
+            completions = [[{"role": "assistant", "content": text}] for text in texts]
+        columns = {key: [value] * size for key, value in row.items() if key != "prompt"}
+        kwargs = dict(prompts=[row["prompt"]] * size, completions=completions, completion_ids=ids, **columns)
+        table = []
+        for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True):
+            values = list(func(**kwargs))
+            if len(values) != size:
+                raise ValueError(f"reward function {name} returned {len(values)} rewards for {size} completions.")
+            table.append([float("nan") if value is None else float(value) for value in values])
+        return table
+
+    def _judge(self, rollouts: list[dict]) -> list[JudgeVerdict]:
+        """Every rollout's verdict, the calls concurrent on the worker's event loop; a fault is a failed verdict."""
+        if self._loop is None:
+            self._loop = BackgroundEventLoop(name="trl-ext-async-judge-loop")
+        futures = [self._loop.submit(self.judge.judge(rollout["request"])) for rollout in rollouts]
+        return [collect_verdict(future) for future in futures]
+
+    def _write_audit(self, rollouts: list[dict], verdicts: list[JudgeVerdict], version: int) -> None:
+        if self.audit is None:
+            return
+        step = self.step()
+        records = [
+            {
+                "step": step,
+                "mode": "train",
+                "rank": 0,
+                "row": row,
+                "model_version": version,
+                "group_id": rollout["group_id"],
+                "prompt_hash": text_hash(prompt_text(rollout["prompt"])),
+                "completion_hash": text_hash(rollout["request"].trace.text),
+                "num_tokens": rollout["request"].trace.num_tokens,
+                "verdict_given": rollout["verdict_given"],
+                "judge_model": self.judge.client.model,
+                **verdict.to_record(),
+            }
+            for row, (rollout, verdict) in enumerate(zip(rollouts, verdicts, strict=True))
+        ]
+        try:
+            self.audit.write(records)
+        except OSError as error:  # a full disk must not stop training either
+            logger.warning("Judge audit records not written (training goes on): %s", error)
+
+    def _push_judge_metrics(
+        self, verdicts: list[JudgeVerdict], credit_mass: float, outcome_mass: float, waited: float
+    ) -> None:
+        rollouts = float(len(verdicts))
+        valid = float(sum(len(v.spans) for v in verdicts))
+        dropped = float(sum(len(v.dropped) for v in verdicts))
+        metrics: dict[str, Any] = {
+            "judge/failure_ratio": (float(sum(not v.ok for v in verdicts)), rollouts),
+            "judge/spans_per_rollout": (valid, rollouts),
+            "judge/invalid_span_ratio": (dropped, valid + dropped),
+            "judge/share": (credit_mass, credit_mass + outcome_mass),
+            "judge/latency_p50": statistics.median(v.latency_s for v in verdicts) if verdicts else 0.0,
+            "judge/wait_s": waited,
+        }
+        for label in self.judge.label_scores:
+            metrics[f"judge/label/{label}"] = float(sum(s.label == label for v in verdicts for s in v.spans))
+        self._push_metrics(metrics)
+
+    def _push_metrics(self, metrics: dict[str, Any]) -> None:
+        try:
+            self.metrics_queue.put_nowait(metrics)
+        except queue.Full:
+            pass  # never block rollouts on a trainer that stopped logging

@@ -1,0 +1,179 @@
+"""`AsyncRLMTTrainer`: RLMT (docs/rlmt.md) on TRL's asynchronous trainer (docs/async.md).
+
+What RLMT needs from generation, and why this trainer brings its own rollout worker rather than TRL's
+``AsyncRolloutWorker``:
+
+- **The stop string.** The "zero" format ends at ``</response>``. TRL's worker builds its ``/v1/completions`` request
+  inside a private method from fixed fields (``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``min_p``,
+  ``repetition_penalty``): ``AsyncGRPOConfig`` has no ``generation_kwargs`` and no ``stop``, so it cannot stop there.
+- **The "zero" prompt.** A base model's prefix prompt is plain text; TRL's worker renders every prompt as chat
+  messages through the chat template (and parses the reply with the template's response schema).
+- **The reward model.** TRL's worker is a spawned child with ``CUDA_VISIBLE_DEVICES=""``: an 8B reward model would
+  score on its CPU. Here it runs where ``reward_model_device`` says.
+
+So the rollouts are `RLMTRolloutWorker`'s (TRL's ``rollout_worker=`` extension point; a thread of this process, like
+`AsyncStepwiseRLMTrainer`'s): prompts rendered per format, a group sampled from the published policy with the stop
+strings as vLLM's ``stop`` (`ServedGroupGenerator`), every completion cut after the token completing its first stop
+string (so nothing past it is scored or trained; the cut also covers a sampler without stop strings), the reward
+functions called in-process (no pickling: a `RewardModelScorer` or `ServedRewardModelScorer` as is), and one TRL
+`RolloutSample` per completion. Training is `ExtAsyncGRPOTrainer`'s (TRL's loss or the loss registry), untouched:
+no TRL internal is needed beyond those `trl_ext.trainers.async_seam` names already.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from accelerate import PartialState
+from transformers import AutoTokenizer
+
+from ...methods import METHODS
+from ...rewards.rlmt import ORIGINAL_PROMPT_COLUMN, RewardModelScorer, rlmt_format_dataset
+from ...rlm.generators import SamplingSettings
+from ..async_seam import served_policy_names
+from ..ext_async_grpo import ExtAsyncGRPOTrainer
+from ..requirements import check_trainer_inputs
+from .config import AsyncRLMTConfig
+from .generator import ServedGroupGenerator
+from .worker import RLMTRolloutWorker
+
+__all__ = ["AsyncRLMTTrainer", "reward_model_scorer"]
+
+# RewardModelScorer's loading settings, each the config's reward_model_<name> field, and its format settings, each
+# the config's field of the same name (as RLMTTrainer builds it).
+_SCORER_LOADING = ("device", "dtype", "batch_size", "max_length")
+_SCORER_FORMAT_SETTINGS = ("malformed_reward", "malformed_margin", "starts_in_thinking")
+
+
+def reward_model_scorer(args: Any) -> RewardModelScorer:
+    """The `RewardModelScorer` of an `AsyncRLMTConfig` (or `RLMTConfig`): ``reward_model_name_or_path`` loaded with
+    the ``reward_model_<name>`` settings, scoring in the config's format and strictness."""
+    if args.reward_model_name_or_path is None:
+        raise ValueError(
+            "AsyncRLMTTrainer has no reward: set AsyncRLMTConfig(reward_model_name_or_path=...) or pass reward_funcs "
+            "(e.g. a RewardModelScorer or ServedRewardModelScorer)."
+        )
+    return RewardModelScorer(
+        args.reward_model_name_or_path,
+        format=args.rlmt_format,
+        strict=args.strict_format,
+        system_prompt=args.rlmt_system_prompt,
+        **{name: getattr(args, name) for name in _SCORER_FORMAT_SETTINGS},
+        **{name: getattr(args, f"reward_model_{name}") for name in _SCORER_LOADING},
+    )
+
+
+class AsyncRLMTTrainer(ExtAsyncGRPOTrainer):
+    """RLMT on TRL's asynchronous trainer: the policy plans in ``<think>``, a reward model scores the response only.
+
+    Use like `ExtAsyncGRPOTrainer` with an [`AsyncRLMTConfig`]: ``model`` is a path or Hub id served by ``vllm serve``
+    at ``vllm_server_base_url`` (LoRA sync: start it with ``--enable-lora`` and ``--max-loras >= max_staleness +
+    2``). The dataset needs a ``prompt`` column; with ``apply_rlmt_format`` it is rewritten into the RLMT format
+    (`rlmt_format_dataset`, the user's prompt kept in ``rlmt_original_prompt``). With ``reward_funcs=None`` the
+    reward is a `RewardModelScorer` built from ``reward_model_name_or_path``; any TRL reward functions (sync or async)
+    may be passed instead, and need not be picklable (the rollout worker is a thread of this process). A bare reward
+    *model* is refused: it would score the plan with the response. Pass ``generator=`` (a `trl_ext.rlm.Generator`) to
+    sample with something else than the server (tests use a scripted one), or ``rollout_worker=`` to replace the
+    worker.
+
+    Metrics, besides TRL's and the loss's: ``reward``, ``reward_std``, ``rewards/<function>``,
+    ``rlmt/stop_cut_ratio`` (completions cut at a stop string; with stop strings), ``completions/mean_length``, the
+    scorers' ``<scorer name>/malformed_ratio`` and ``<scorer name>/response_score_mean``, and
+    ``rlmt/worker_errors_total`` (failed rollout runs).
+    """
+
+    model_card = METHODS["rlmt"]
+
+    def __init__(
+        self,
+        model: str,
+        reward_funcs: Any = None,
+        args: AsyncRLMTConfig | None = None,
+        train_dataset: Any = None,
+        processing_class: Any = None,
+        *,
+        generator: Any = None,
+        rollout_worker: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if args is None:
+            args = AsyncRLMTConfig(f"{model.rstrip('/').split('/')[-1]}-AsyncRLMT")
+        if not isinstance(args, AsyncRLMTConfig):
+            raise TypeError(
+                f"AsyncRLMTTrainer needs args=trl_ext.trainers.AsyncRLMTConfig(...) (the format and reward-model "
+                f"settings), got {type(args).__name__}."
+            )
+        for name in ("tools", "environment_factory"):
+            if kwargs.get(name) is not None:
+                raise ValueError(f"AsyncRLMTTrainer samples single-turn completions: do not pass {name}.")
+        if train_dataset is None or "prompt" not in (getattr(train_dataset, "column_names", None) or []):
+            raise ValueError("AsyncRLMTTrainer needs a train_dataset (a datasets.Dataset) with a 'prompt' column.")
+        for func in reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]:
+            if isinstance(func, (str, torch.nn.Module)):
+                raise TypeError(
+                    "AsyncRLMTTrainer does not take a reward model directly: it would score the whole completion, "
+                    "plan included. Wrap it: reward_funcs=RewardModelScorer(model, tokenizer, "
+                    f"format={args.rlmt_format!r})."
+                )
+        if args.apply_rlmt_format:
+            train_dataset = rlmt_format_dataset(
+                train_dataset,
+                args.rlmt_format,
+                system_prompt=args.rlmt_system_prompt,
+                original_prompt_column=ORIGINAL_PROMPT_COLUMN,
+            )
+        # Rollouts run on the main process only (TRL's rule), so the reward model is loaded there only; a missing
+        # reward fails on every process.
+        main_process = PartialState().is_main_process
+        if reward_funcs is None and rollout_worker is None:
+            if args.reward_model_name_or_path is None or main_process:
+                reward_funcs = reward_model_scorer(args)
+        if reward_funcs is None:
+            funcs = []
+        else:
+            funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        check_trainer_inputs("AsyncRLMTTrainer", funcs, (train_dataset,), kwargs)
+        if processing_class is None:
+            processing_class = AutoTokenizer.from_pretrained(model)
+        self._own_worker = rollout_worker is None
+        if rollout_worker is None and main_process:
+            rollout_worker = RLMTRolloutWorker(
+                dataset=train_dataset,
+                reward_funcs=funcs,
+                tokenizer=processing_class,
+                generator=generator,  # None: the served policy, set below once TRL knows how it syncs
+                num_generations=args.num_generations,
+                groups_per_run=max(1, args.max_inflight_tasks // args.num_generations),
+                stop_strings=args.stop_strings,
+                scale_rewards=args.scale_rewards,
+                queue_maxsize=args.queue_maxsize,
+                chat_template_kwargs=args.chat_template_kwargs,
+            )
+        super().__init__(
+            model,
+            funcs,
+            args,
+            train_dataset=train_dataset,
+            processing_class=processing_class,
+            rollout_worker=rollout_worker,
+            **kwargs,
+        )
+        if self._own_worker and generator is None and self.rollout_worker is not None:
+            base_model, lora_name = served_policy_names(self)
+            self.rollout_worker.generator = ServedGroupGenerator(
+                args.vllm_server_base_url,
+                base_model,
+                lora_name=lora_name,
+                settings=SamplingSettings(  # TRL's async sampling fields, and the stop strings
+                    max_new_tokens=args.max_completion_length,
+                    temperature=args.temperature,
+                    top_p=args.top_p,
+                    top_k=args.top_k or 0,
+                    min_p=args.min_p or 0.0,
+                    repetition_penalty=args.repetition_penalty,
+                    generation_kwargs={"stop": list(args.stop_strings)} if args.stop_strings else {},
+                ),
+                timeout_s=args.request_timeout,
+                seed=args.seed,
+            )
