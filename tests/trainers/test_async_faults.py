@@ -175,11 +175,6 @@ def test_rlm_resume_continues_from_the_checkpoint_and_leaves_no_repl(model_dir, 
     assert not no_repl_left()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="TRL saves rollout_state.json (the policy version) for its own AsyncRolloutWorker only; the fix is the "
-    "AsyncSeam patch of issue 29's fault report (save and restore model_version for any rollout worker).",
-)
 def test_rlm_resume_keeps_counting_policy_versions(model_dir, tmp_path):  # noqa: F811
     # Adapter names are trl-policy-v<version>: a resumed run that counted from 0 again would publish names a still
     # running server already holds (vLLM refuses to load an adapter name twice). TRL saves the version in

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ..losses import LossSpec, get_loss
 from ..methods import METHODS
+from .async_faults import watch_server
 from .async_seam import AsyncSeam, TreeForward, fold_loss_weights
 from .ext_async_grpo_config import ExtAsyncGRPOConfig
 from .weight_sync import choose_weight_transfer
@@ -77,6 +78,7 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
 
         if any(isinstance(cb, MonitorCallback) for cb in self.callback_handler.callbacks):
             add_monitors(self)
+        watch_server(self)  # a vllm serve that went away ends training with an error naming it
 
     @property
     def loss_spec(self) -> LossSpec:

@@ -12,6 +12,8 @@ trl-ext builds on ``AsyncGRPOTrainer`` through its extension points where they f
 | ``_step_*`` / ``_last_forward_time_s`` (per-step accounting) | `AsyncSeam.record_micro_batch` adds a micro-batch whose loss trl-ext computed, as TRL's ``compute_loss`` does |
 | ``_metrics`` | `AsyncSeam.log_metric` |
 | ``_lora_sync``, ``_lora_name`` | `served_policy_names`: the model name a rollout worker of trl-ext's requests (``trl-policy-v{N}``, or the base model) |
+| ``AsyncRolloutWorker.check_health`` / ``stop``, its ``_process`` | a child process that died is named (exit code, signal) and reaped instead of reported as hung and waited for for ever (`guard_rollout_worker`) |
+| ``_save_checkpoint``, ``_inner_training_loop`` (``rollout_state.json``) | a trl-ext worker's policy version counter is saved and restored, as TRL does for its own worker, so a resumed run does not republish adapter names a running server holds |
 | ``_tag_names``, ``_name``, ``_paper`` | set from a subclass's ``model_card`` (`trl_ext.methods.METHODS`) |
 | ``async_grpo_trainer.DataCollatorForRollout`` (built in ``get_train_dataloader``), the ``metrics`` of a rollout sample | per-token loss weights: a weighted sample carries its weight in its ``metrics``; `loss_weight_collator` swaps in `LossWeightCollator` (TRL's collator plus ``loss_weights``) for the one ``get_train_dataloader`` call; `TreeForward.loss_weights` |
 | ``packing.TreeRow.pack``'s order of loss terms, the collated ``advantages`` | per-token advantages ``A + c_t`` (the judge's credit): a credited sample carries ``c`` in its ``metrics``; `token_credit_collator` swaps in `TokenCreditCollator` (`LossWeightCollator` plus the credit added to ``advantages``) |
@@ -22,7 +24,8 @@ Generation is TRL's: a rollout worker in a spawned child process against ``vllm 
 see the ``vllm`` test group), LoRA synced over HTTP.
 
 Modules: `check` (what the seam takes from TRL, as data, and `check_trl_async`), `cpu` (the kernel and the patch),
-`trainer` (`AsyncSeam`, `TreeForward`), `weights` (per-token loss weights through TRL's batch), `credit` (per-token advantages through TRL's batch), `policy` (`served_policy_names`). `check_trl_async` runs at import: it compares the signatures of the methods
+`trainer` (`AsyncSeam`, `TreeForward`), `faults` (a dead worker process named and reaped; the policy version counter across a resume), `weights`
+(per-token loss weights through TRL's batch), `credit` (per-token advantages through TRL's batch), `policy` (`served_policy_names`). `check_trl_async` runs at import: it compares the signatures of the methods
 overridden and the module attributes replaced, the keywords TRL passes the attention kernel, the attributes read
 (assigned by ``AsyncGRPOTrainer``'s methods, or class attributes), and the keys of TRL's collated batch (its
 collator run on one hand-built sample, and the keys its ``compute_loss`` reads), and fails with the fix

@@ -14,11 +14,14 @@ import textwrap
 import torch
 import trl
 from trl.experimental.async_grpo import AsyncGRPOTrainer, async_grpo_trainer, packing
+from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
 __all__ = [
     "ASYNC_ATTRIBUTES",
     "ASYNC_MODULE_ATTRIBUTES",
     "ASYNC_SEAM",
+    "ROLLOUT_WORKER_ATTRIBUTES",
+    "ROLLOUT_WORKER_SEAM",
     "BATCH_KEYS",
     "FORWARD_KEYS",
     "KERNEL_KEYWORDS",
@@ -30,7 +33,16 @@ __all__ = [
 # AsyncGRPOTrainer methods the seam (or a trl-ext trainer) overrides -> their parameter names.
 ASYNC_SEAM: dict[str, tuple[str, ...]] = {
     "compute_loss": ("self", "model", "inputs", "return_outputs", "num_items_in_batch"),
+    "_save_checkpoint": ("self", "model", "trial"),  # faults.save_rollout_version for trl-ext's workers
+    "_inner_training_loop": ("self", "args", "kwargs"),  # faults.restore_rollout_version
 }
+# AsyncRolloutWorker (TRL's own worker) methods the seam wraps (`faults.guard_rollout_worker`) -> parameter names,
+# and the attributes it reads: ``_process`` (the spawned child, assigned in __init__ and start).
+ROLLOUT_WORKER_SEAM: dict[str, tuple[str, ...]] = {
+    "check_health": ("self", "stale_after_s"),
+    "stop": ("self",),
+}
+ROLLOUT_WORKER_ATTRIBUTES: tuple[str, ...] = ("_process",)
 # The leading parameters of AsyncGRPOTrainer.__init__ the seam passes on by position.
 INIT_PARAMETERS: tuple[str, ...] = ("self", "model", "reward_funcs", "args")
 
@@ -61,6 +73,7 @@ ASYNC_ATTRIBUTES: tuple[str, ...] = (
     "router_aux_loss_coef",
     "_lora_sync",  # policy.served_policy_names: whether syncs publish a LoRA adapter, and under which prefix
     "_lora_name",
+    "_get_output_dir",  # faults: the checkpoint folder a save writes (transformers.Trainer's)
 )
 
 # Keys of a batch of TRL's collator (`DataCollatorForRollout`): the packed row (`TreeRow.pack`) and the counts.
@@ -115,6 +128,22 @@ def check_trl_async() -> None:
             problems.append(f"AsyncGRPOTrainer.{name} is missing")
         elif (params := tuple(inspect.signature(method).parameters)) != expected:
             problems.append(f"AsyncGRPOTrainer.{name}{params} (expected {expected})")
+    for name, expected in ROLLOUT_WORKER_SEAM.items():
+        method = getattr(AsyncRolloutWorker, name, None)
+        if method is None:
+            problems.append(f"AsyncRolloutWorker.{name} is missing")
+        elif (params := tuple(inspect.signature(method).parameters)) != expected:
+            problems.append(f"AsyncRolloutWorker.{name}{params} (expected {expected})")
+    worker_tree = _source_tree(AsyncRolloutWorker)
+    if worker_tree is not None:
+        stored = {
+            node.attr
+            for node in ast.walk(worker_tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+        }
+        problems += [
+            f"AsyncRolloutWorker has no attribute {name}" for name in ROLLOUT_WORKER_ATTRIBUTES if name not in stored
+        ]
     init = tuple(inspect.signature(AsyncGRPOTrainer.__init__).parameters)[: len(INIT_PARAMETERS)]
     if init != INIT_PARAMETERS:
         problems.append(f"AsyncGRPOTrainer.__init__{init}... (expected {INIT_PARAMETERS}...)")

@@ -7,19 +7,25 @@ that the trainer itself names nothing private of TRL's.
 - `record_micro_batch` adds the micro-batch to TRL's per-step accounting (tokens, samples, forward time), which TRL's
   ``compute_loss`` does and a loss computed by trl-ext must do too.
 - `loss_normalizer`, `log_metric`, `global_sums`, `mode`: TRL's normaliser, metric store and collectives.
+- Faults and resuming (`faults`): TRL's own worker process, when it died, is named and reaped instead of hanging the
+  run; a trl-ext worker's policy version counter is saved with each checkpoint and restored on resume.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.experimental.async_grpo import AsyncGRPOTrainer
+from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
 from .cpu import install_cpu_support
+from .faults import guard_rollout_worker, restore_rollout_version, save_rollout_version
 from .weights import LOSS_WEIGHTS_KEY
 
 __all__ = ["AsyncSeam", "TreeForward"]
@@ -69,6 +75,26 @@ class AsyncSeam(AsyncGRPOTrainer):
         if args is not None and args.device.type != "cuda":
             install_cpu_support()  # before TRL's __init__, which looks up the device's peak FLOPs
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        guard_rollout_worker(self.rollout_worker)  # a dead worker process: its exit named, no hang on stop
+
+    # ---------------------------------------------------------------------------------------------- resuming
+    def _save_checkpoint(self, model, trial):
+        worker = self.rollout_worker
+        if self.accelerator.is_main_process and worker is not None and not isinstance(worker, AsyncRolloutWorker):
+            folder = os.path.join(
+                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
+            save_rollout_version(folder, self.model_version)  # TRL saves it for its own worker only
+        super()._save_checkpoint(model, trial)
+
+    def _inner_training_loop(self, *args, **kwargs):
+        worker, checkpoint = self.rollout_worker, kwargs.get("resume_from_checkpoint")
+        if checkpoint and worker is not None and not isinstance(worker, AsyncRolloutWorker):
+            version = restore_rollout_version(checkpoint)
+            if version is not None:  # adapters keep counting: a running server still holds the earlier names
+                self.model_version = version
+                worker.update_model_version(version)
+        return super()._inner_training_loop(*args, **kwargs)
 
     # ---------------------------------------------------------------------------------------------- services
     @property

@@ -1,0 +1,87 @@
+"""A dead rollout worker ends training with its cause; a resumed run keeps counting policy versions.
+
+Two gaps of TRL 1.16's asynchronous trainer, closed here:
+
+- **A rollout worker process that died.** ``AsyncRolloutWorker.check_health`` only looks at the worker's heartbeat,
+  so a child killed by a signal (or crashed) is reported, after ``heartbeat_stale_after_s``, as "hung"; then
+  ``AsyncRolloutWorker.stop`` waits for ever for the dead child to acknowledge the stop event, and training hangs.
+  `guard_rollout_worker` makes the check name the exit first (code, signal) and the stop reap a dead child.
+- **Policy versions across a resume.** TRL saves the version counter in ``rollout_state.json`` for its own worker
+  only; a trl-ext worker (stepwise RLM, judge credit, RLMT) restarted at version 0 and republished adapters under
+  names a running ``vllm serve`` still holds (``400 ... has already been loaded``). `save_rollout_version` /
+  `restore_rollout_version` write and read the counter for those workers (`AsyncSeam._save_checkpoint`,
+  `AsyncSeam._inner_training_loop`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any
+
+from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+
+__all__ = [
+    "ROLLOUT_STATE_FILE",
+    "check_rollout_child",
+    "guard_rollout_worker",
+    "restore_rollout_version",
+    "save_rollout_version",
+    "stop_rollout_child",
+]
+
+ROLLOUT_STATE_FILE = "rollout_state.json"  # TRL's file name: its own worker's state goes in the same file
+
+
+def _dead_child(worker: AsyncRolloutWorker) -> Any | None:
+    """The worker's child process when it was started and has exited, else None."""
+    process = worker._process
+    if process is not None and process._popen is not None and not process.is_alive():
+        return process
+    return None
+
+
+def check_rollout_child(worker: AsyncRolloutWorker, stale_after_s: float) -> None:
+    """TRL's ``check_health``, after raising with the exit code when the worker's child process is gone."""
+    process = _dead_child(worker)
+    if process is not None:
+        code = process.exitcode
+        signal = f" (signal {-code})" if code is not None and code < 0 else ""
+        raise RuntimeError(
+            f"TRL's rollout worker process (pid {process.pid}) exited with code {code}{signal}; its traceback, if "
+            "any, is above. Fix the cause, then resume from the last checkpoint (resume_from_checkpoint=True)."
+        )
+    AsyncRolloutWorker.check_health(worker, stale_after_s)
+
+
+def stop_rollout_child(worker: AsyncRolloutWorker) -> None:
+    """TRL's ``stop``, after reaping a dead child (which would never acknowledge the stop event)."""
+    process = _dead_child(worker)
+    if process is not None:
+        process.join(timeout=1)
+        worker._process = None
+    AsyncRolloutWorker.stop(worker)
+
+
+def guard_rollout_worker(worker: Any) -> None:
+    """Give TRL's own rollout worker the dead-child check and stop above; other workers are left as they are."""
+    if isinstance(worker, AsyncRolloutWorker):
+        worker.check_health = functools.partial(check_rollout_child, worker)
+        worker.stop = functools.partial(stop_rollout_child, worker)
+
+
+def save_rollout_version(folder: str, model_version: int) -> None:
+    """Write the policy version counter of a trl-ext rollout worker into checkpoint ``folder``."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, ROLLOUT_STATE_FILE), "w") as file:
+        json.dump({"model_version": int(model_version)}, file)
+
+
+def restore_rollout_version(folder: str) -> int | None:
+    """The policy version counter saved in checkpoint ``folder``, or None when it holds none."""
+    path = os.path.join(folder, ROLLOUT_STATE_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as file:
+        return int(json.load(file).get("model_version", 0))
