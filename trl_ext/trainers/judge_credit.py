@@ -128,21 +128,10 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
             column_settings=changed_settings(args, ("judge_answer_column", "judge_solution_column")),
         )
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
-        if judge is None:
-            judge = SpanJudge(
-                AsyncChatClient.from_settings(args.judge_endpoint()),
-                label_scores=args.label_scores,
-                tools=args.judge_tools,
-                max_tool_rounds=args.judge_max_tool_rounds,
-                python_factory=functools.partial(ReplSandbox, args.sandbox_limits()),
-                python_timeout=args.repl_timeout_s,
-            )
-        elif not isinstance(judge, SpanJudge):
-            raise TypeError(f"judge must be a trl_ext.judge.SpanJudge, got {type(judge).__name__}.")
+        judge, sandbox_info = configured_judge(args, judge)
         self.judge = judge
-        if "run_python" in args.judge_tools or "check_equivalent" in args.judge_tools:
-            resolve_isolation(args.sandbox_limits())  # isolation="strict" fails now; "auto" warns once if weaker
-            self.sandbox_info = isolation_report(args.sandbox_limits())  # written to the run info
+        if sandbox_info is not None:
+            self.sandbox_info = sandbox_info  # written to the run info
         self._judge_loop = BackgroundEventLoop()
         self._outage = JudgeOutage(self.judge.client, log=logger)
         self._verdict_index = self._resolve_verdict_reward(args.judge_verdict_reward)
@@ -447,6 +436,34 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
                 self.state.global_step,
                 error,
             )
+
+
+def configured_judge(args: Any, judge: SpanJudge | None = None) -> tuple[SpanJudge, Any]:
+    """The trainer's `SpanJudge` and its sandbox report.
+
+    Args:
+        args: a `JudgeCreditConfig` or `AsyncJudgeCreditConfig` (the ``judge_<name>`` and ``repl_<name>`` fields).
+        judge: a ready judge to use instead of the one built from ``args``.
+
+    Returns:
+        ``(judge, sandbox_info)``: ``sandbox_info`` is the isolation report of the judge's Python tools' sandbox
+        (None when neither ``run_python`` nor ``check_equivalent`` is offered); ``isolation="strict"`` fails here.
+    """
+    if judge is None:
+        judge = SpanJudge(
+            AsyncChatClient.from_settings(args.judge_endpoint()),
+            label_scores=args.label_scores,
+            tools=args.judge_tools,
+            max_tool_rounds=args.judge_max_tool_rounds,
+            python_factory=functools.partial(ReplSandbox, args.sandbox_limits()),
+            python_timeout=args.repl_timeout_s,
+        )
+    elif not isinstance(judge, SpanJudge):
+        raise TypeError(f"judge must be a trl_ext.judge.SpanJudge, got {type(judge).__name__}.")
+    if "run_python" not in args.judge_tools and "check_equivalent" not in args.judge_tools:
+        return judge, None
+    resolve_isolation(args.sandbox_limits())  # isolation="strict" fails now; "auto" warns once if weaker
+    return judge, isolation_report(args.sandbox_limits())
 
 
 def _is_async(func: Any) -> bool:

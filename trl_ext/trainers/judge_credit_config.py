@@ -119,32 +119,8 @@ class JudgeCreditConfig(SandboxArguments, ExtGRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        self.label_scores = _normalise_label_scores(self.label_scores)
-        self.judge_endpoint()  # validates the judge_<endpoint> fields, naming them
-        if not (self.judge_lambda >= 0) or math.isnan(self.judge_lambda):
-            raise ValueError(
-                f"judge_lambda={self.judge_lambda} must be >= 0: 0.25 nudges, 1.0 is strong, 0 disables the credit."
-            )
-        if isinstance(self.marker_every, bool) or not isinstance(self.marker_every, int) or self.marker_every < 1:
-            raise ValueError(
-                f"marker_every={self.marker_every!r} must be an integer >= 1 (the method uses ~64, docs/judge_credit.md)."
-            )
-        if self.judge_max_tool_rounds < 0:
-            raise ValueError(f"judge_max_tool_rounds={self.judge_max_tool_rounds} must be >= 0.")
-        self.sandbox_limits()  # validates the repl_* fields with the sandbox's own messages
-        unknown = [name for name in self.judge_tools if name not in TOOL_NAMES]
-        if unknown:
-            raise ValueError(f"judge_tools has unknown tool(s) {unknown}; choose from {list(TOOL_NAMES)} (or []).")
-        if self.judge_max_tokens is not None and self.judge_max_tokens < 1:
-            raise ValueError(f"judge_max_tokens={self.judge_max_tokens} must be >= 1 or None.")
-        if not self.judge_verdict_reward:
-            raise ValueError("judge_verdict_reward is empty: use 'auto', 'total' or a reward function's name.")
-        if self.scale_rewards != "none":
-            logger.warning(
-                "JudgeCreditConfig: scale_rewards=%r divides the outcome advantage by a std, so λ is no longer "
-                "relative to Dr. GRPO's A = r − mean(group) as in docs/judge_credit.md. Set scale_rewards='none' to match it.",
-                self.scale_rewards,
-            )
+        check_judge_fields(self)
+        warn_scaled_outcome(self, "JudgeCreditConfig")
 
     def judge_endpoint(self) -> EndpointSettings:
         """The judge's `EndpointSettings`: the ``judge_<name>`` fields, with ``judge_temperature`` and
@@ -153,6 +129,42 @@ class JudgeCreditConfig(SandboxArguments, ExtGRPOConfig):
         if self.judge_max_tokens is not None:
             request_params["max_tokens"] = self.judge_max_tokens
         return EndpointSettings.from_fields(self, "judge_", request_params=request_params)
+
+
+def check_judge_fields(config: Any) -> None:
+    """Validate (and normalise ``label_scores`` of) the span judge's fields of `JudgeCreditConfig` or
+    `AsyncJudgeCreditConfig`, the ``repl_<name>`` sandbox fields included; every error names the field."""
+    config.label_scores = _normalise_label_scores(config.label_scores)
+    config.judge_endpoint()  # validates the judge_<endpoint> fields, naming them
+    if not (config.judge_lambda >= 0) or math.isnan(config.judge_lambda):
+        raise ValueError(
+            f"judge_lambda={config.judge_lambda} must be >= 0: 0.25 nudges, 1.0 is strong, 0 disables the credit."
+        )
+    if isinstance(config.marker_every, bool) or not isinstance(config.marker_every, int) or config.marker_every < 1:
+        raise ValueError(
+            f"marker_every={config.marker_every!r} must be an integer >= 1 (the method uses ~64, docs/judge_credit.md)."
+        )
+    if config.judge_max_tool_rounds < 0:
+        raise ValueError(f"judge_max_tool_rounds={config.judge_max_tool_rounds} must be >= 0.")
+    config.sandbox_limits()  # validates the repl_* fields with the sandbox's own messages
+    unknown = [name for name in config.judge_tools if name not in TOOL_NAMES]
+    if unknown:
+        raise ValueError(f"judge_tools has unknown tool(s) {unknown}; choose from {list(TOOL_NAMES)} (or []).")
+    if config.judge_max_tokens is not None and config.judge_max_tokens < 1:
+        raise ValueError(f"judge_max_tokens={config.judge_max_tokens} must be >= 1 or None.")
+    if not config.judge_verdict_reward:
+        raise ValueError("judge_verdict_reward is empty: use 'auto', 'total' or a reward function's name.")
+
+
+def warn_scaled_outcome(config: Any, config_name: str) -> None:
+    """Warn when ``scale_rewards`` is not ``"none"``: λ is then no longer relative to Dr. GRPO's advantage."""
+    if config.scale_rewards != "none":
+        logger.warning(
+            "%s: scale_rewards=%r divides the outcome advantage by a std, so λ is no longer relative to Dr. GRPO's "
+            "A = r − mean(group) as in docs/judge_credit.md. Set scale_rewards='none' to match it.",
+            config_name,
+            config.scale_rewards,
+        )
 
 
 def _normalise_label_scores(value: Any) -> dict[str, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..fields import document_fields, documented
 from ..rewards.rlmt import INSTRUCT_SYSTEM_PROMPT, RLMT_FORMATS, ZERO_STOP_STRING
@@ -85,19 +86,23 @@ class RLMTConfig(ExtGRPOConfig):
     )
 
     def __post_init__(self):
-        if self.rlmt_format not in RLMT_FORMATS:
-            raise ValueError(
-                f"rlmt_format={self.rlmt_format!r}: use 'instruct' (chat models) or 'zero' (base models)."
-            )
-        if self.reward_model_batch_size < 1:
-            raise ValueError(f"reward_model_batch_size={self.reward_model_batch_size} must be >= 1.")
-        if self.stop_strings is None:
-            self.stop_strings = [ZERO_STOP_STRING] if self.rlmt_format == "zero" else []
-        elif isinstance(self.stop_strings, str):
-            self.stop_strings = [self.stop_strings]
+        check_rlmt_fields(self)
         super().__post_init__()  # parses dict fields given as JSON strings (generation_kwargs) among others
         if self.use_vllm and self.stop_strings:
             # vLLM stops sampling at the stop string; RLMTTrainer cuts every completion after it anyway.
             generation_kwargs = dict(self.generation_kwargs or {})
             generation_kwargs.setdefault("stop", list(self.stop_strings))
             self.generation_kwargs = generation_kwargs
+
+
+def check_rlmt_fields(config: Any) -> None:
+    """Validate the RLMT format and reward-model fields of `RLMTConfig` or `AsyncRLMTConfig`, and resolve
+    ``stop_strings`` (None: ``['</response>']`` for "zero", none for "instruct"; a string: a list of one)."""
+    if config.rlmt_format not in RLMT_FORMATS:
+        raise ValueError(f"rlmt_format={config.rlmt_format!r}: use 'instruct' (chat models) or 'zero' (base models).")
+    if config.reward_model_batch_size < 1:
+        raise ValueError(f"reward_model_batch_size={config.reward_model_batch_size} must be >= 1.")
+    if config.stop_strings is None:
+        config.stop_strings = [ZERO_STOP_STRING] if config.rlmt_format == "zero" else []
+    elif isinstance(config.stop_strings, str):
+        config.stop_strings = [config.stop_strings]

@@ -5,7 +5,6 @@ tools."""
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +13,7 @@ from ...judge.endpoint import EndpointSettings
 from ...judge.tools import TOOL_NAMES
 from ...rlm.sandbox import SandboxArguments
 from ..ext_async_grpo_config import ExtAsyncGRPOConfig
-from ..judge_credit_config import JudgeCreditConfig, _normalise_label_scores
+from ..judge_credit_config import JudgeCreditConfig, check_judge_fields, warn_scaled_outcome
 
 logger = logging.getLogger(__name__)
 
@@ -83,38 +82,13 @@ class AsyncJudgeCreditConfig(SandboxArguments, ExtAsyncGRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        self.label_scores = _normalise_label_scores(self.label_scores)
-        self.judge_endpoint()  # validates the judge_<endpoint> fields, naming them
-        if not (self.judge_lambda >= 0) or math.isnan(self.judge_lambda):
-            raise ValueError(
-                f"judge_lambda={self.judge_lambda} must be >= 0: 0.25 nudges, 1.0 is strong, 0 disables the credit."
-            )
-        if isinstance(self.marker_every, bool) or not isinstance(self.marker_every, int) or self.marker_every < 1:
-            raise ValueError(
-                f"marker_every={self.marker_every!r} must be an integer >= 1 (the method uses ~64, docs/judge_credit.md)."
-            )
-        if self.judge_max_tool_rounds < 0:
-            raise ValueError(f"judge_max_tool_rounds={self.judge_max_tool_rounds} must be >= 0.")
-        self.sandbox_limits()  # validates the repl_* fields with the sandbox's own messages
-        unknown = [name for name in self.judge_tools if name not in TOOL_NAMES]
-        if unknown:
-            raise ValueError(f"judge_tools has unknown tool(s) {unknown}; choose from {list(TOOL_NAMES)} (or []).")
-        if self.judge_max_tokens is not None and self.judge_max_tokens < 1:
-            raise ValueError(f"judge_max_tokens={self.judge_max_tokens} must be >= 1 or None.")
-        if not self.judge_verdict_reward:
-            raise ValueError("judge_verdict_reward is empty: use 'auto', 'total' or a reward function's name.")
+        check_judge_fields(self)
         if self.scale_rewards not in ("group", "none"):
             raise ValueError(
                 f"scale_rewards={self.scale_rewards!r}: the asynchronous rollout worker scores one group at a time; "
                 "set 'none' (Dr. GRPO, the outcome advantage of docs/judge_credit.md) or 'group'."
             )
-        if self.scale_rewards != "none":
-            logger.warning(
-                "AsyncJudgeCreditConfig: scale_rewards=%r divides the outcome advantage by a std, so λ is no longer "
-                "relative to Dr. GRPO's A = r − mean(group) as in docs/judge_credit.md. Set scale_rewards='none' to "
-                "match it.",
-                self.scale_rewards,
-            )
+        warn_scaled_outcome(self, "AsyncJudgeCreditConfig")
 
     def judge_endpoint(self) -> EndpointSettings:
         """The judge's `EndpointSettings`, as `JudgeCreditConfig.judge_endpoint` builds it."""

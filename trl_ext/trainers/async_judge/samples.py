@@ -18,6 +18,7 @@ from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
 from ...judge.credit import SpanLike, cap_credit, span_credit
 from ..async_seam import credited_sample_metrics
+from ..async_worker import rollout_sample
 
 __all__ = ["judged_sample", "rollout_credit"]
 
@@ -73,14 +74,14 @@ def judged_sample(
             f"{num_completion} completion tokens, {len(logprobs)} log-probs and {len(credit)} credit values: give one "
             "of each per sampled token."
         )
-    return RolloutSample(
+    return rollout_sample(
+        prompt_ids,
+        completion_ids,
+        logprobs,
+        advantage=advantage,
+        model_version=model_version,
+        group_id=group_id,
+        metrics=credited_sample_metrics(metrics, np.concatenate([np.zeros(num_prompt), np.asarray(credit)])),
         prompt=prompt,
         completion=completion,
-        input_ids=np.asarray([*prompt_ids, *completion_ids], dtype=np.int64),
-        completion_mask=np.asarray([0] * num_prompt + [1] * num_completion, dtype=np.int64),
-        old_log_probs=np.asarray([0.0] * num_prompt + list(logprobs), dtype=np.float32),
-        advantage=float(advantage),
-        model_version=int(model_version),
-        group_id=int(group_id),
-        metrics=credited_sample_metrics(metrics, np.concatenate([np.zeros(num_prompt), np.asarray(credit)])),
     )

@@ -10,7 +10,6 @@ trl-ext's (``"ipo"``, the default), trains on ``A_t = A + cap_λ(c)_t``, as `Jud
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from typing import Any
@@ -19,15 +18,13 @@ from transformers import AutoTokenizer
 
 from ...judge.audit import JudgeAuditLog
 from ...judge.batch import judge_fix
-from ...judge.client import AsyncChatClient, BackgroundEventLoop
+from ...judge.client import BackgroundEventLoop
 from ...judge.judge import SpanJudge
-from ...judge.tools import ReplSandbox
 from ...methods import METHODS
-from ...rlm.generators import SamplingSettings
-from ...rlm.sandbox import isolation_report, resolve_isolation
-from ..async_rlm.generator import ServedPolicyGenerator
-from ..async_seam import served_policy_names, token_credit_collator
+from ..async_seam import token_credit_collator
+from ..async_worker import callable_reward_funcs, groups_per_run, install_served_generator
 from ..ext_async_grpo import ExtAsyncGRPOTrainer
+from ..judge_credit import configured_judge
 from .config import AsyncJudgeCreditConfig
 from .worker import JudgeRolloutWorker
 
@@ -82,27 +79,11 @@ class AsyncJudgeCreditTrainer(ExtAsyncGRPOTrainer):
             )
         if train_dataset is None or "prompt" not in train_dataset.column_names:
             raise ValueError("AsyncJudgeCreditTrainer needs a train_dataset with a 'prompt' column.")
-        funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        if rollout_worker is None and not all(callable(func) for func in funcs):
-            raise TypeError(
-                "AsyncJudgeCreditTrainer's rollout worker calls the reward functions itself: pass callables (TRL's "
-                "reward-function interface), not model ids."
-            )
-        if judge is None:
-            judge = SpanJudge(
-                AsyncChatClient.from_settings(args.judge_endpoint()),
-                label_scores=args.label_scores,
-                tools=args.judge_tools,
-                max_tool_rounds=args.judge_max_tool_rounds,
-                python_factory=functools.partial(ReplSandbox, args.sandbox_limits()),
-                python_timeout=args.repl_timeout_s,
-            )
-        elif not isinstance(judge, SpanJudge):
-            raise TypeError(f"judge must be a trl_ext.judge.SpanJudge, got {type(judge).__name__}.")
+        funcs = callable_reward_funcs("AsyncJudgeCreditTrainer", reward_funcs, rollout_worker)
+        judge, sandbox_info = configured_judge(args, judge)
         self.judge = judge
-        if "run_python" in args.judge_tools or "check_equivalent" in args.judge_tools:
-            resolve_isolation(args.sandbox_limits())  # isolation="strict" fails now; "auto" warns once if weaker
-            self.sandbox_info = isolation_report(args.sandbox_limits())  # written to the run info
+        if sandbox_info is not None:
+            self.sandbox_info = sandbox_info  # written to the run info
         if processing_class is None:
             processing_class = AutoTokenizer.from_pretrained(model)
         self._audit = None
@@ -117,7 +98,7 @@ class AsyncJudgeCreditTrainer(ExtAsyncGRPOTrainer):
                 generator=generator,  # None: the served policy, set below once TRL knows how it syncs
                 judge=judge,
                 num_generations=args.num_generations,
-                groups_per_run=max(1, args.max_inflight_tasks // args.num_generations),
+                groups_per_run=groups_per_run(args),
                 scale_rewards=args.scale_rewards,
                 judge_lambda=args.judge_lambda,
                 marker_every=args.marker_every,
@@ -139,23 +120,7 @@ class AsyncJudgeCreditTrainer(ExtAsyncGRPOTrainer):
             rollout_worker=rollout_worker,
             **kwargs,
         )
-        if self._own_worker and generator is None and self.rollout_worker is not None:
-            base_model, lora_name = served_policy_names(self)
-            self.rollout_worker.generator = ServedPolicyGenerator(
-                args.vllm_server_base_url,
-                base_model,
-                lora_name=lora_name,
-                settings=SamplingSettings(  # TRL's async sampling fields (it has no generation_kwargs)
-                    max_new_tokens=args.max_completion_length,
-                    temperature=args.temperature,
-                    top_p=args.top_p,
-                    top_k=args.top_k or 0,
-                    min_p=args.min_p or 0.0,
-                    repetition_penalty=args.repetition_penalty,
-                ),
-                timeout_s=args.request_timeout,
-                seed=args.seed,
-            )
+        install_served_generator(self, generator)  # the served policy, once TRL knows how it syncs
         if self.accelerator.is_main_process:
             self._probe_judge()
 

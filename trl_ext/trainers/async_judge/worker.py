@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import logging
 import math
-import queue
 import statistics
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...judge.audit import JudgeAuditLog, text_hash
@@ -35,6 +33,7 @@ from ...judge.markers import build_marked_trace
 from ...rlm.generators import Completion, Generator
 from ...text import last_user_text
 from ..async_rlm.samples import group_advantages
+from ..async_worker import ThreadedRolloutWorker, as_completions, group_metrics, reward_table
 from .samples import judged_sample, rollout_credit
 
 logger = logging.getLogger(__name__)
@@ -42,7 +41,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["JudgeRolloutWorker"]
 
 
-class JudgeRolloutWorker:
+class JudgeRolloutWorker(ThreadedRolloutWorker):
     """Judged rollouts for TRL's asynchronous trainer (``rollout_worker=``), in a thread of this process.
 
     Args:
@@ -74,6 +73,10 @@ class JudgeRolloutWorker:
         errors: failed runs so far; groups: groups scored so far; last_verdicts: the verdicts of the last run.
     """
 
+    worker_name = "judge"
+    metric_prefix = "judge"
+    stale_advice = ": the policy server or the judge may hang; lower judge_timeout"
+
     def __init__(
         self,
         *,
@@ -97,23 +100,20 @@ class JudgeRolloutWorker:
         outage_loud_batches: int = 5,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        if len(dataset) == 0:
-            raise ValueError("The judge rollout worker needs a non-empty dataset of prompts.")
-        if not reward_funcs or not all(callable(func) for func in reward_funcs):
-            raise TypeError("reward_funcs must be one or more callables (TRL's reward-function interface).")
-        if num_generations < 1 or groups_per_run < 1 or max_consecutive_errors < 1:
-            raise ValueError("num_generations, groups_per_run and max_consecutive_errors must be >= 1.")
+        self._init_worker(
+            dataset=dataset,
+            reward_funcs=reward_funcs,
+            tokenizer=tokenizer,
+            generator=generator,
+            num_generations=num_generations,
+            groups_per_run=groups_per_run,
+            queue_maxsize=queue_maxsize,
+            max_consecutive_errors=max_consecutive_errors,
+        )
         if verdict_reward is not None and not 0 <= verdict_reward < len(reward_funcs):
             raise ValueError(f"verdict_reward={verdict_reward} is not the index of one of the reward functions.")
         group_advantages([0.0], scale_rewards)  # names a bad scale_rewards now
-        self.dataset = dataset
-        self.reward_funcs = list(reward_funcs)
-        self.reward_func_names = [getattr(func, "__name__", type(func).__name__) for func in self.reward_funcs]
-        self.tokenizer = tokenizer
-        self.generator = generator
         self.judge = judge
-        self.num_generations = num_generations
-        self.groups_per_run = groups_per_run
         self.scale_rewards = scale_rewards
         self.judge_lambda = judge_lambda
         self.marker_every = marker_every
@@ -121,112 +121,20 @@ class JudgeRolloutWorker:
         self.answer_column, self.solution_column = answer_column, solution_column
         self.audit = audit
         self.step = step
-        self.max_consecutive_errors = max_consecutive_errors
         self.outage_loud_batches = outage_loud_batches
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.stop_ids = {t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None}
-        self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
-        self.metrics_queue: queue.Queue = queue.Queue(maxsize=4096)
-        self.model_version = 0
-        self.errors = 0
-        self.groups = 0
         self.last_verdicts: list[JudgeVerdict] = []
         self._outage = JudgeOutage(judge.client, log=logger)
         self._loop: BackgroundEventLoop | None = None
-        self._rows = self._cycle()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._failure: BaseException | None = None
-        self._heartbeat = time.time()
 
-    # ------------------------------------------------------------------------------ RolloutWorkerProtocol
-    def start(self) -> None:
-        """Start the rollout thread (once; TRL calls it when training begins)."""
-        if self._thread is not None:
-            return
-        self._heartbeat = time.time()
-        self._thread = threading.Thread(target=self._main, name="judge-rollout-worker", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Ask the thread to stop, wait for the run in flight, and close the judge's event loop."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=60)
-            if self._thread.is_alive():
-                logger.warning("The judge rollout worker did not stop within 60 s (a run is still going).")
-                return
+    def _on_stopped(self) -> None:
+        """Close the judge's event loop once the thread has ended."""
         if self._loop is not None:
             self._loop.close()
             self._loop = None
 
-    def update_model_version(self, model_version: int) -> None:
-        self.model_version = int(model_version)
-        update = getattr(self.generator, "update_model_version", None)
-        if callable(update):
-            update(self.model_version)
-
-    def check_health(self, stale_after_s: float) -> None:
-        """Raise when the thread stopped on an error (with the cause), or has not ticked for ``stale_after_s``."""
-        if self._failure is not None:
-            raise RuntimeError(
-                f"The judge rollout worker stopped: {type(self._failure).__name__}: {self._failure}"
-            ) from self._failure
-        if self._thread is None:
-            raise RuntimeError("The judge rollout worker was never started (start() is called when training begins).")
-        if not self._thread.is_alive() and not self._stop.is_set():
-            raise RuntimeError("The judge rollout worker thread ended without an error; no more samples will come.")
-        age = time.time() - self._heartbeat
-        if age > stale_after_s:
-            raise RuntimeError(
-                f"The judge rollout worker made no progress for {age:.0f} s (> heartbeat_stale_after_s="
-                f"{stale_after_s:.0f}): the policy server or the judge may hang; lower judge_timeout."
-            )
-
-    # ------------------------------------------------------------------------------ the rollout loop
-    def _main(self) -> None:
-        try:
-            self._loop_runs()
-        except BaseException as error:  # noqa: BLE001  (kept for check_health, which re-raises it with the cause)
-            self._failure = error
-            logger.error("The judge rollout worker stopped: %s: %s", type(error).__name__, error)
-
-    def _loop_runs(self) -> None:
-        failures = 0
-        while not self._stop.is_set():
-            rows = [next(self._rows) for _ in range(self.groups_per_run)]
-            try:
-                samples = self.rollout(rows)
-            except Exception as error:
-                failures += 1
-                self.errors += 1
-                self._push_metrics({"judge/worker_errors_total": 1.0})
-                logger.exception("Judge rollout run failed (%d in a row): %s", failures, error)
-                if failures >= self.max_consecutive_errors:
-                    raise RuntimeError(
-                        f"{failures} judge rollout runs failed in a row; the last with {type(error).__name__}: {error}"
-                    ) from error
-                continue
-            failures = 0
-            for sample in samples:
-                if not self._put(sample):
-                    return
-
-    def _put(self, sample: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                sample.enqueued_at = time.time()
-                self.rollout_buffer.put(sample, timeout=0.5)
-                self._heartbeat = time.time()
-                return True
-            except queue.Full:
-                self._heartbeat = time.time()  # waiting on the trainer is not a hang
-        return False
-
-    def _cycle(self) -> Iterator[dict[str, Any]]:
-        while True:
-            yield from self.dataset
-
+    # ------------------------------------------------------------------------------ one run
     def rollout(self, rows: Sequence[dict[str, Any]]) -> list[Any]:
         """Sample, score, judge and turn into samples ``num_generations`` rollouts of each of ``rows``."""
         if self.generator is None:
@@ -236,7 +144,7 @@ class JudgeRolloutWorker:
         version = self.model_version  # the version the completions are sampled from
         prompt_ids = [self._prompt_ids(row["prompt"]) for row in rows]
         completions = self.generator.generate([ids for ids in prompt_ids for _ in range(self.num_generations)])
-        self._heartbeat = time.time()
+        self._tick()
         if len(completions) != len(rows) * self.num_generations:
             raise RuntimeError(
                 f"The generator returned {len(completions)} completions for {len(rows) * self.num_generations} prompts."
@@ -248,7 +156,7 @@ class JudgeRolloutWorker:
         started = time.perf_counter()
         verdicts = self._judge([rollout for group in groups for rollout in group])
         waited = time.perf_counter() - started
-        self._heartbeat = time.time()
+        self._tick()
         self.last_verdicts = verdicts
         samples, rollouts = [], [rollout for group in groups for rollout in group]
         credit_mass = outcome_mass = 0.0
@@ -308,11 +216,7 @@ class JudgeRolloutWorker:
             while ids and ids[-1] in self.stop_ids:  # the judge reads the text, not the end-of-sequence tokens
                 ids.pop()
             trace = build_marked_trace(self.tokenizer, ids, every=self.marker_every)
-            metrics = {
-                "reward": rewards[index],
-                "reward_std": reward_std,
-                **{f"rewards/{func}": values[index] for func, values in zip(self.reward_func_names, per_func)},
-            }
+            metrics = group_metrics(index, rewards[index], reward_std, self.reward_func_names, per_func)
             rollouts.append(
                 {
                     "prompt": row["prompt"],
@@ -339,18 +243,14 @@ class JudgeRolloutWorker:
     def _rewards(self, row: dict[str, Any], texts: list[str], ids: list[list[int]]) -> list[list[float]]:
         """``(functions, G)`` rewards (None -> NaN); the prompt's columns passed as TRL does."""
         size = len(texts)
-        completions: list[Any] = list(texts)
-        if not isinstance(row["prompt"], str):  # conversational prompts get conversational completions, as in TRL
-            completions = [[{"role": "assistant", "content": text}] for text in texts]
         columns = {key: [value] * size for key, value in row.items() if key != "prompt"}
-        kwargs = dict(prompts=[row["prompt"]] * size, completions=completions, completion_ids=ids, **columns)
-        table = []
-        for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True):
-            values = list(func(**kwargs))
-            if len(values) != size:
-                raise ValueError(f"reward function {name} returned {len(values)} rewards for {size} completions.")
-            table.append([float("nan") if value is None else float(value) for value in values])
-        return table
+        kwargs = dict(
+            prompts=[row["prompt"]] * size,
+            completions=as_completions(row["prompt"], texts),
+            completion_ids=ids,
+            **columns,
+        )
+        return reward_table(self.reward_funcs, self.reward_func_names, kwargs, size)
 
     def _judge(self, rollouts: list[dict]) -> list[JudgeVerdict]:
         """Every rollout's verdict, the calls concurrent on the worker's event loop; a fault is a failed verdict."""
@@ -402,9 +302,3 @@ class JudgeRolloutWorker:
         for label in self.judge.label_scores:
             metrics[f"judge/label/{label}"] = float(sum(s.label == label for v in verdicts for s in v.spans))
         self._push_metrics(metrics)
-
-    def _push_metrics(self, metrics: dict[str, Any]) -> None:
-        try:
-            self.metrics_queue.put_nowait(metrics)
-        except queue.Full:
-            pass  # never block rollouts on a trainer that stopped logging

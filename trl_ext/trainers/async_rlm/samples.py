@@ -19,6 +19,7 @@ from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
 from ...rlm import RolloutTree
 from ..async_seam import weighted_sample_metrics
+from ..async_worker import rollout_sample
 
 __all__ = ["group_advantages", "tree_samples"]
 
@@ -99,7 +100,7 @@ def tree_samples(
             )
         if not turn.prompt_ids:
             raise ValueError(f"node {turn.node} turn {turn.turn} has no prompt ids: an action needs its prompt.")
-        num_prompt, num_action = len(turn.prompt_ids), len(turn.action_ids)
+        num_action = len(turn.action_ids)
         sample_metrics = dict(metrics)
         if weighted:
             token_weight = turn.weight / node_tokens[turn.node]
@@ -107,16 +108,16 @@ def tree_samples(
                 sample_metrics, token_weight=token_weight, root_share=token_weight * num_action / tree_mass
             )
         samples.append(
-            RolloutSample(
+            rollout_sample(
+                turn.prompt_ids,
+                turn.action_ids,
+                turn.logprobs,
+                advantage=advantage,
+                model_version=model_version,
+                group_id=group_id,
+                metrics=sample_metrics,
                 prompt=prompt,
                 completion=completion,
-                input_ids=np.asarray([*turn.prompt_ids, *turn.action_ids], dtype=np.int64),
-                completion_mask=np.asarray([0] * num_prompt + [1] * num_action, dtype=np.int64),
-                old_log_probs=np.asarray([0.0] * num_prompt + list(turn.logprobs), dtype=np.float32),
-                advantage=float(advantage),
-                model_version=int(model_version),
-                group_id=int(group_id),
-                metrics=sample_metrics,
             )
         )
     return samples

@@ -17,13 +17,12 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from ...methods import METHODS
-from ...rlm.generators import SamplingSettings
 from ...rlm.sandbox import isolation_report, resolve_isolation
-from ..async_seam import LOSS_WEIGHTS_KEY, loss_weight_collator, served_policy_names
+from ..async_seam import LOSS_WEIGHTS_KEY, loss_weight_collator
+from ..async_worker import callable_reward_funcs, groups_per_run, install_served_generator
 from ..ext_async_grpo import ExtAsyncGRPOTrainer
 from ..prompt_cap import prompt_cap
 from .config import AsyncStepwiseRLMConfig
-from .generator import ServedPolicyGenerator
 from .worker import RLMRolloutWorker
 
 __all__ = ["AsyncStepwiseRLMTrainer"]
@@ -69,12 +68,7 @@ class AsyncStepwiseRLMTrainer(ExtAsyncGRPOTrainer):
                 raise ValueError(f"AsyncStepwiseRLMTrainer's tools are the RLM's REPL: do not pass {name}.")
         if train_dataset is None or "prompt" not in train_dataset.column_names:
             raise ValueError("AsyncStepwiseRLMTrainer needs a train_dataset with a 'prompt' column (the tasks).")
-        funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        if rollout_worker is None and not all(callable(func) for func in funcs):
-            raise TypeError(
-                "AsyncStepwiseRLMTrainer's rollout worker calls the reward functions itself: pass callables (TRL's "
-                "reward-function interface), not model ids."
-            )
+        funcs = callable_reward_funcs("AsyncStepwiseRLMTrainer", reward_funcs, rollout_worker)
         if processing_class is None:
             processing_class = AutoTokenizer.from_pretrained(model)
         scaffold = args.scaffold_config()
@@ -89,7 +83,7 @@ class AsyncStepwiseRLMTrainer(ExtAsyncGRPOTrainer):
                 generator=generator,  # None: the served policy, set below once TRL knows how it syncs
                 scaffold=scaffold,
                 num_generations=args.num_generations,
-                groups_per_run=max(1, args.max_inflight_tasks // args.num_generations),
+                groups_per_run=groups_per_run(args),
                 context_column=args.context_column,
                 scale_rewards=args.scale_rewards,
                 weighted=args.rlm_loss_normalization == "subtree",
@@ -108,23 +102,7 @@ class AsyncStepwiseRLMTrainer(ExtAsyncGRPOTrainer):
             rollout_worker=rollout_worker,
             **kwargs,
         )
-        if self._own_worker and generator is None and self.rollout_worker is not None:
-            base_model, lora_name = served_policy_names(self)
-            self.rollout_worker.generator = ServedPolicyGenerator(
-                args.vllm_server_base_url,
-                base_model,
-                lora_name=lora_name,
-                settings=SamplingSettings(  # TRL's async sampling fields (it has no generation_kwargs)
-                    max_new_tokens=args.max_completion_length,
-                    temperature=args.temperature,
-                    top_p=args.top_p,
-                    top_k=args.top_k or 0,
-                    min_p=args.min_p or 0.0,
-                    repetition_penalty=args.repetition_penalty,
-                ),
-                timeout_s=args.request_timeout,
-                seed=args.seed,
-            )
+        install_served_generator(self, generator)  # the served policy, once TRL knows how it syncs
         if self._own_worker and scaffold.max_prompt_tokens is None and self.rollout_worker is not None:
             cap = prompt_cap(None, self.model, args)  # the model's positions minus max_completion_length
             if cap is not None:

@@ -22,16 +22,14 @@ from __future__ import annotations
 
 import logging
 import math
-import queue
 import random
-import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...rlm import RLMEngine, RLMScaffoldConfig, RLMTask, RolloutTree
 from ...rlm.generators import CanonicalOrderGenerator, Completion, Generator
 from ...text import last_user_text
+from ..async_worker import ThreadedRolloutWorker, as_completions, group_metrics, reward_table
 from .samples import group_advantages, tree_samples
 
 logger = logging.getLogger(__name__)
@@ -53,7 +51,7 @@ class _Heartbeat:
             self.tick()
 
 
-class RLMRolloutWorker:
+class RLMRolloutWorker(ThreadedRolloutWorker):
     """Stepwise RLM rollouts for TRL's asynchronous trainer (``rollout_worker=``), in a thread of this process.
 
     Args:
@@ -82,6 +80,10 @@ class RLMRolloutWorker:
         errors: failed runs so far; groups: groups scored so far; last_trees: the trees of the last run.
     """
 
+    worker_name = "RLM"
+    metric_prefix = "rlm"
+    in_flight = "an engine run is still going"
+
     def __init__(
         self,
         *,
@@ -102,123 +104,27 @@ class RLMRolloutWorker:
         seed: int = 0,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        if len(dataset) == 0:
-            raise ValueError("The RLM rollout worker needs a non-empty dataset of prompts.")
-        if not reward_funcs or not all(callable(func) for func in reward_funcs):
-            raise TypeError("reward_funcs must be one or more callables (TRL's reward-function interface).")
-        if num_generations < 1 or groups_per_run < 1 or max_consecutive_errors < 1:
-            raise ValueError("num_generations, groups_per_run and max_consecutive_errors must be >= 1.")
-        self.dataset = dataset
-        self.reward_funcs = list(reward_funcs)
-        self.reward_func_names = [getattr(func, "__name__", type(func).__name__) for func in self.reward_funcs]
-        self.tokenizer = tokenizer
-        self.generator = generator
+        self._init_worker(
+            dataset=dataset,
+            reward_funcs=reward_funcs,
+            tokenizer=tokenizer,
+            generator=generator,
+            num_generations=num_generations,
+            groups_per_run=groups_per_run,
+            queue_maxsize=queue_maxsize,
+            max_consecutive_errors=max_consecutive_errors,
+        )
         self.scaffold = scaffold
-        self.num_generations = num_generations
-        self.groups_per_run = groups_per_run
         self.context_column = context_column
         self.scale_rewards = scale_rewards
         self.weighted = weighted
         self.train_children = train_children
         self.child_sampling = child_sampling
-        self.max_consecutive_errors = max_consecutive_errors
         self.chat_template_kwargs = chat_template_kwargs
-        self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
-        self.metrics_queue: queue.Queue = queue.Queue(maxsize=4096)
-        self.model_version = 0
-        self.errors = 0
-        self.groups = 0
         self.last_trees: list[RolloutTree] = []  # the trees of the last run (for inspection)
         self._rng = random.Random(seed)
-        self._rows = self._cycle()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._failure: BaseException | None = None
-        self._heartbeat = time.time()
 
-    # ------------------------------------------------------------------------------ RolloutWorkerProtocol
-    def start(self) -> None:
-        """Start the rollout thread (once; TRL calls it when training begins)."""
-        if self._thread is not None:
-            return
-        self._heartbeat = time.time()
-        self._thread = threading.Thread(target=self._main, name="rlm-rollout-worker", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Ask the thread to stop and wait for the engine run in flight (its REPLs are closed by the engine)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=60)
-            if self._thread.is_alive():
-                logger.warning("The RLM rollout worker did not stop within 60 s (an engine run is still going).")
-
-    def update_model_version(self, model_version: int) -> None:
-        self.model_version = int(model_version)
-        update = getattr(self.generator, "update_model_version", None)
-        if callable(update):
-            update(self.model_version)
-
-    def check_health(self, stale_after_s: float) -> None:
-        """Raise when the thread stopped on an error (with the cause), or has not ticked for ``stale_after_s``."""
-        if self._failure is not None:
-            raise RuntimeError(
-                f"The RLM rollout worker stopped: {type(self._failure).__name__}: {self._failure}"
-            ) from self._failure
-        if self._thread is None:
-            raise RuntimeError("The RLM rollout worker was never started (start() is called when training begins).")
-        if not self._thread.is_alive() and not self._stop.is_set():
-            raise RuntimeError("The RLM rollout worker thread ended without an error; no more samples will come.")
-        age = time.time() - self._heartbeat
-        if age > stale_after_s:
-            raise RuntimeError(
-                f"The RLM rollout worker made no progress for {age:.0f} s (> heartbeat_stale_after_s={stale_after_s:.0f})."
-            )
-
-    # ------------------------------------------------------------------------------ the rollout loop
-    def _main(self) -> None:
-        try:
-            self._loop()
-        except BaseException as error:  # noqa: BLE001  (kept for check_health, which re-raises it with the cause)
-            self._failure = error
-            logger.error("The RLM rollout worker stopped: %s: %s", type(error).__name__, error)
-
-    def _loop(self) -> None:
-        failures = 0
-        while not self._stop.is_set():
-            rows = [next(self._rows) for _ in range(self.groups_per_run)]
-            try:
-                samples = self.rollout(rows)
-            except Exception as error:
-                failures += 1
-                self.errors += 1
-                self._push_metrics({"rlm/worker_errors_total": 1.0})
-                logger.exception("RLM rollout run failed (%d in a row): %s", failures, error)
-                if failures >= self.max_consecutive_errors:
-                    raise RuntimeError(
-                        f"{failures} RLM rollout runs failed in a row; the last with {type(error).__name__}: {error}"
-                    ) from error
-                continue
-            failures = 0
-            for sample in samples:
-                if not self._put(sample):
-                    return
-
-    def _put(self, sample: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                sample.enqueued_at = time.time()
-                self.rollout_buffer.put(sample, timeout=0.5)
-                self._heartbeat = time.time()
-                return True
-            except queue.Full:
-                self._heartbeat = time.time()  # waiting on the trainer is not a hang
-        return False
-
-    def _cycle(self) -> Iterator[dict[str, Any]]:
-        while True:
-            yield from self.dataset
-
+    # ------------------------------------------------------------------------------ one run
     def rollout(self, rows: Sequence[dict[str, Any]]) -> list[Any]:
         """Sample, score and turn into samples ``num_generations`` trees for each of ``rows`` (one engine run)."""
         version = self.model_version  # the version of the trees' first turns (module docstring)
@@ -238,9 +144,6 @@ class RLMRolloutWorker:
         self._push_run_metrics(trees, engine.stats, len(samples))
         return samples
 
-    def _tick(self) -> None:
-        self._heartbeat = time.time()
-
     def _group_samples(self, row: dict[str, Any], trees: list[RolloutTree], version: int) -> list[Any]:
         answers = [tree.final_answer for tree in trees]
         per_func = self._rewards(row, answers)
@@ -253,11 +156,7 @@ class RLMRolloutWorker:
         group_id, self.groups = self.groups, self.groups + 1
         samples = []
         for tree_index, (tree, advantage, reward) in enumerate(zip(trees, advantages, rewards, strict=True)):
-            metrics = {
-                "reward": reward,
-                "reward_std": reward_std,
-                **{f"rewards/{name}": values[tree_index] for name, values in zip(self.reward_func_names, per_func)},
-            }
+            metrics = group_metrics(tree_index, reward, reward_std, self.reward_func_names, per_func)
             samples += tree_samples(
                 tree,
                 advantage=advantage,
@@ -276,26 +175,17 @@ class RLMRolloutWorker:
     def _rewards(self, row: dict[str, Any], answers: list[str | None]) -> list[list[float]]:
         """``(functions, G)`` rewards of the answers (None -> NaN); the prompt's columns passed as TRL does."""
         size = len(answers)
-        completions: list[Any] = [answer or "" for answer in answers]
-        if not isinstance(row["prompt"], str):  # conversational prompts get conversational completions, as in TRL
-            completions = [[{"role": "assistant", "content": text}] for text in completions]
         columns = {key: [value] * size for key, value in row.items() if key != "prompt"}
         kwargs = dict(
             prompts=[row["prompt"]] * size,
-            completions=completions,
+            completions=as_completions(row["prompt"], [answer or "" for answer in answers]),
             completion_ids=[
                 list(self.tokenizer(answer or "", add_special_tokens=False)["input_ids"]) for answer in answers
             ],
             rlm_has_answer=[answer is not None for answer in answers],
             **columns,
         )
-        table = []
-        for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True):
-            values = list(func(**kwargs))
-            if len(values) != size:
-                raise ValueError(f"reward function {name} returned {len(values)} rewards for {size} completions.")
-            table.append([float("nan") if value is None else float(value) for value in values])
-        return table
+        return reward_table(self.reward_funcs, self.reward_func_names, kwargs, size)
 
     def _push_run_metrics(self, trees: list[RolloutTree], stats: Any, num_samples: int) -> None:
         roots = len(trees)
@@ -315,9 +205,3 @@ class RLMRolloutWorker:
             metrics["repl/timeout_rate"] = (float(stats.repl_timeouts), cells)
             metrics["repl/crash_rate"] = (float(stats.repl_crashes), cells)
         self._push_metrics(metrics)
-
-    def _push_metrics(self, metrics: dict[str, Any]) -> None:
-        try:
-            self.metrics_queue.put_nowait(metrics)
-        except queue.Full:
-            pass  # never block rollouts on a trainer that stopped logging

@@ -8,8 +8,8 @@
 - `cut_at_stop`, `scored_advantages`, `completion_sample`: the pure steps from completions to TRL's samples.
 """
 
+from ..async_rlm.generator import ServedGroupGenerator, group_size
 from .config import AsyncRLMTConfig
-from .generator import ServedGroupGenerator, group_size
 from .samples import completion_sample, cut_at_stop, scored_advantages
 from .trainer import AsyncRLMTTrainer, reward_model_scorer
 from .worker import RLMTRolloutWorker

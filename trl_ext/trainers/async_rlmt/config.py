@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...fields import document_fields, mirror_field
-from ...rewards.rlmt import RLMT_FORMATS, ZERO_STOP_STRING
 from ..ext_async_grpo_config import ExtAsyncGRPOConfig
-from ..rlmt_config import RLMTConfig
+from ..rlmt_config import RLMTConfig, check_rlmt_fields
 
 __all__ = ["AsyncRLMTConfig", "RLMT_FIELDS"]
 
@@ -74,16 +73,7 @@ class AsyncRLMTConfig(ExtAsyncGRPOConfig):
     )
 
     def __post_init__(self):
-        if self.rlmt_format not in RLMT_FORMATS:
-            raise ValueError(
-                f"rlmt_format={self.rlmt_format!r}: use 'instruct' (chat models) or 'zero' (base models)."
-            )
-        if self.reward_model_batch_size < 1:
-            raise ValueError(f"reward_model_batch_size={self.reward_model_batch_size} must be >= 1.")
-        if self.stop_strings is None:
-            self.stop_strings = [ZERO_STOP_STRING] if self.rlmt_format == "zero" else []
-        elif isinstance(self.stop_strings, str):
-            self.stop_strings = [self.stop_strings]
+        check_rlmt_fields(self)
         if isinstance(self.scale_rewards, bool):  # GRPOConfig's spellings: True = 'group', False = 'none'
             self.scale_rewards = "group" if self.scale_rewards else "none"
         if self.scale_rewards not in ("group", "none"):

@@ -11,11 +11,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
 from ...rewards.rlmt import stop_token_cut
 from ..async_rlm.samples import group_advantages
+from ..async_worker import rollout_sample
 
 __all__ = ["completion_sample", "cut_at_stop", "scored_advantages"]
 
@@ -83,15 +83,14 @@ def completion_sample(
         raise ValueError("A completion sample needs its prompt ids (the policy's context).")
     if len(completion_ids) != len(logprobs):
         raise ValueError(f"{len(completion_ids)} completion tokens but {len(logprobs)} log-probs.")
-    num_prompt, num_completion = len(prompt_ids), len(completion_ids)
-    return RolloutSample(
+    return rollout_sample(
+        prompt_ids,
+        completion_ids,
+        logprobs,
+        advantage=advantage,
+        model_version=model_version,
+        group_id=group_id,
+        metrics=metrics,
         prompt=prompt,
         completion=completion,
-        input_ids=np.asarray([*prompt_ids, *completion_ids], dtype=np.int64),
-        completion_mask=np.asarray([0] * num_prompt + [1] * num_completion, dtype=np.int64),
-        old_log_probs=np.asarray([0.0] * num_prompt + list(logprobs), dtype=np.float32),
-        advantage=float(advantage),
-        model_version=int(model_version),
-        group_id=int(group_id),
-        metrics=dict(metrics),
     )

@@ -30,12 +30,10 @@ from transformers import AutoTokenizer
 
 from ...methods import METHODS
 from ...rewards.rlmt import ORIGINAL_PROMPT_COLUMN, RewardModelScorer, rlmt_format_dataset
-from ...rlm.generators import SamplingSettings
-from ..async_seam import served_policy_names
+from ..async_worker import groups_per_run, install_served_generator
 from ..ext_async_grpo import ExtAsyncGRPOTrainer
 from ..requirements import check_trainer_inputs
 from .config import AsyncRLMTConfig
-from .generator import ServedGroupGenerator
 from .worker import RLMTRolloutWorker
 
 __all__ = ["AsyncRLMTTrainer", "reward_model_scorer"]
@@ -144,7 +142,7 @@ class AsyncRLMTTrainer(ExtAsyncGRPOTrainer):
                 tokenizer=processing_class,
                 generator=generator,  # None: the served policy, set below once TRL knows how it syncs
                 num_generations=args.num_generations,
-                groups_per_run=max(1, args.max_inflight_tasks // args.num_generations),
+                groups_per_run=groups_per_run(args),
                 stop_strings=args.stop_strings,
                 scale_rewards=args.scale_rewards,
                 queue_maxsize=args.queue_maxsize,
@@ -159,21 +157,9 @@ class AsyncRLMTTrainer(ExtAsyncGRPOTrainer):
             rollout_worker=rollout_worker,
             **kwargs,
         )
-        if self._own_worker and generator is None and self.rollout_worker is not None:
-            base_model, lora_name = served_policy_names(self)
-            self.rollout_worker.generator = ServedGroupGenerator(
-                args.vllm_server_base_url,
-                base_model,
-                lora_name=lora_name,
-                settings=SamplingSettings(  # TRL's async sampling fields, and the stop strings
-                    max_new_tokens=args.max_completion_length,
-                    temperature=args.temperature,
-                    top_p=args.top_p,
-                    top_k=args.top_k or 0,
-                    min_p=args.min_p or 0.0,
-                    repetition_penalty=args.repetition_penalty,
-                    generation_kwargs={"stop": list(args.stop_strings)} if args.stop_strings else {},
-                ),
-                timeout_s=args.request_timeout,
-                seed=args.seed,
-            )
+        install_served_generator(  # TRL's async sampling fields, and the stop strings
+            self,
+            generator,
+            group_requests=True,
+            generation_kwargs={"stop": list(args.stop_strings)} if args.stop_strings else {},
+        )

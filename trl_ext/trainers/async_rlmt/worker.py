@@ -25,16 +25,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
-import queue
-import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from ...rlm.generators import Generator
+from ..async_worker import ThreadedRolloutWorker, as_completions, group_metrics, reward_table
 from .samples import completion_sample, cut_at_stop, scored_advantages
 
 logger = logging.getLogger(__name__)
@@ -45,7 +42,7 @@ __all__ = ["RLMTRolloutWorker"]
 _RESERVED_COLUMNS = ("prompt", "completion", "completion_ids")
 
 
-class RLMTRolloutWorker:
+class RLMTRolloutWorker(ThreadedRolloutWorker):
     """RLMT rollouts for TRL's asynchronous trainer (``rollout_worker=``), in a thread of this process.
 
     Args:
@@ -71,6 +68,10 @@ class RLMTRolloutWorker:
         last_completions: ``(completion ids, text, reward)`` of every completion of the last run (for inspection).
     """
 
+    worker_name = "RLMT"
+    metric_prefix = "rlmt"
+    in_flight = "a generator call is still going"
+
     def __init__(
         self,
         *,
@@ -86,125 +87,31 @@ class RLMTRolloutWorker:
         max_consecutive_errors: int = 3,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        if len(dataset) == 0:
-            raise ValueError("The RLMT rollout worker needs a non-empty dataset of prompts.")
-        if not reward_funcs or not all(callable(func) for func in reward_funcs):
-            raise TypeError("reward_funcs must be one or more callables (TRL's reward-function interface).")
-        if num_generations < 1 or groups_per_run < 1 or max_consecutive_errors < 1:
-            raise ValueError("num_generations, groups_per_run and max_consecutive_errors must be >= 1.")
-        self.dataset = dataset
-        self.reward_funcs = list(reward_funcs)
-        self.reward_func_names = [getattr(func, "__name__", type(func).__name__) for func in self.reward_funcs]
-        self.tokenizer = tokenizer
-        self.generator = generator
-        self.num_generations = num_generations
-        self.groups_per_run = groups_per_run
+        self._init_worker(
+            dataset=dataset,
+            reward_funcs=reward_funcs,
+            tokenizer=tokenizer,
+            generator=generator,
+            num_generations=num_generations,
+            groups_per_run=groups_per_run,
+            queue_maxsize=queue_maxsize,
+            max_consecutive_errors=max_consecutive_errors,
+        )
         self.stop_strings = [stop for stop in stop_strings if stop]
         self.scale_rewards = scale_rewards
-        self.max_consecutive_errors = max_consecutive_errors
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
-        self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
-        self.metrics_queue: queue.Queue = queue.Queue(maxsize=4096)
-        self.model_version = 0
-        self.errors = 0
-        self.groups = 0
         self.last_completions: list[tuple[list[int], str, float]] = []
-        self._rows = self._cycle()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._failure: BaseException | None = None
-        self._heartbeat = time.time()
         self._event_loop: asyncio.AbstractEventLoop | None = None  # for async reward functions, one per worker
 
-    # ------------------------------------------------------------------------------ RolloutWorkerProtocol
-    def start(self) -> None:
-        """Start the rollout thread (once; TRL calls it when training begins)."""
-        if self._thread is not None:
-            return
+    def _before_start(self) -> None:
         if self.generator is None:
             raise RuntimeError("The RLMT rollout worker has no generator: give it one before training starts.")
-        self._heartbeat = time.time()
-        self._thread = threading.Thread(target=self._main, name="rlmt-rollout-worker", daemon=True)
-        self._thread.start()
 
-    def stop(self) -> None:
-        """Ask the thread to stop and wait for the run in flight."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=60)
-            if self._thread.is_alive():
-                logger.warning("The RLMT rollout worker did not stop within 60 s (a generator call is still going).")
-
-    def update_model_version(self, model_version: int) -> None:
-        self.model_version = int(model_version)
-        update = getattr(self.generator, "update_model_version", None)
-        if callable(update):
-            update(self.model_version)
-
-    def check_health(self, stale_after_s: float) -> None:
-        """Raise when the thread stopped on an error (with the cause), or has not ticked for ``stale_after_s``."""
-        if self._failure is not None:
-            raise RuntimeError(
-                f"The RLMT rollout worker stopped: {type(self._failure).__name__}: {self._failure}"
-            ) from self._failure
-        if self._thread is None:
-            raise RuntimeError("The RLMT rollout worker was never started (start() is called when training begins).")
-        if not self._thread.is_alive() and not self._stop.is_set():
-            raise RuntimeError("The RLMT rollout worker thread ended without an error; no more samples will come.")
-        age = time.time() - self._heartbeat
-        if age > stale_after_s:
-            raise RuntimeError(
-                f"The RLMT rollout worker made no progress for {age:.0f} s (> heartbeat_stale_after_s="
-                f"{stale_after_s:.0f})."
-            )
-
-    # ------------------------------------------------------------------------------ the rollout loop
-    def _main(self) -> None:
-        try:
-            self._loop()
-        except BaseException as error:  # noqa: BLE001  (kept for check_health, which re-raises it with the cause)
-            self._failure = error
-            logger.error("The RLMT rollout worker stopped: %s: %s", type(error).__name__, error)
-        finally:
-            if self._event_loop is not None:
-                self._event_loop.close()
-                self._event_loop = None
-
-    def _loop(self) -> None:
-        failures = 0
-        while not self._stop.is_set():
-            rows = [next(self._rows) for _ in range(self.groups_per_run)]
-            try:
-                samples = self.rollout(rows)
-            except Exception as error:
-                failures += 1
-                self.errors += 1
-                self._push_metrics({"rlmt/worker_errors_total": 1.0})
-                logger.exception("RLMT rollout run failed (%d in a row): %s", failures, error)
-                if failures >= self.max_consecutive_errors:
-                    raise RuntimeError(
-                        f"{failures} RLMT rollout runs failed in a row; the last with {type(error).__name__}: {error}"
-                    ) from error
-                continue
-            failures = 0
-            for sample in samples:
-                if not self._put(sample):
-                    return
-
-    def _put(self, sample: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                sample.enqueued_at = time.time()
-                self.rollout_buffer.put(sample, timeout=0.5)
-                self._heartbeat = time.time()
-                return True
-            except queue.Full:
-                self._heartbeat = time.time()  # waiting on the trainer is not a hang
-        return False
-
-    def _cycle(self) -> Iterator[dict[str, Any]]:
-        while True:
-            yield from self.dataset
+    def _on_thread_exit(self) -> None:
+        """Close the event loop of the async reward functions (it belongs to the thread)."""
+        if self._event_loop is not None:
+            self._event_loop.close()
+            self._event_loop = None
 
     # ------------------------------------------------------------------------------ one run
     def prompt_ids(self, prompt: Any) -> list[int]:
@@ -223,7 +130,7 @@ class RLMTRolloutWorker:
         prompts = [self.prompt_ids(row["prompt"]) for row in rows]
         requests = [ids for ids in prompts for _ in range(self.num_generations)]
         completions = self.generator.generate(requests)
-        self._heartbeat = time.time()
+        self._tick()
         if len(completions) != len(requests):
             raise RuntimeError(f"The generator returned {len(completions)} completions for {len(requests)} prompts.")
         cuts = [cut_at_stop(c.token_ids, c.logprobs, self.tokenizer, self.stop_strings) for c in completions]
@@ -249,10 +156,7 @@ class RLMTRolloutWorker:
     ) -> list[Any]:
         completion_ids = [ids for ids, _, _ in group]
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        conversational = not isinstance(row["prompt"], str)
-        completions: list[Any] = (
-            [[{"role": "assistant", "content": text}] for text in texts] if conversational else list(texts)
-        )
+        completions = as_completions(row["prompt"], texts)
         per_func = self._rewards(row, completions, completion_ids)
         table = np.asarray(per_func, dtype=np.float64)  # (functions, G)
         unscored = np.isnan(table).all(axis=0)
@@ -265,11 +169,7 @@ class RLMTRolloutWorker:
             self.last_completions.append((ids, texts[index], float(rewards[index])))
             if not ids:
                 continue
-            metrics = {
-                "reward": float(rewards[index]),
-                "reward_std": reward_std,
-                **{f"rewards/{name}": float(table[f, index]) for f, name in enumerate(self.reward_func_names)},
-            }
+            metrics = group_metrics(index, float(rewards[index]), reward_std, self.reward_func_names, per_func)
             samples.append(
                 completion_sample(
                     prompt_ids,
@@ -298,25 +198,16 @@ class RLMTRolloutWorker:
             log_metric=self._reward_metric,
             **columns,
         )
-        table = []
-        for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True):
-            values = func(**kwargs)
-            if inspect.isawaitable(values):
-                if self._event_loop is None:
-                    self._event_loop = asyncio.new_event_loop()
-                values = self._event_loop.run_until_complete(values)
-            values = list(values)
-            if len(values) != size:
-                raise ValueError(f"reward function {name} returned {len(values)} rewards for {size} completions.")
-            table.append([math.nan if value is None else float(value) for value in values])
-        return table
+        return reward_table(self.reward_funcs, self.reward_func_names, kwargs, size, resolve=self._resolve)
+
+    def _resolve(self, values: Any) -> Any:
+        """An async reward function's rewards, awaited on the worker's own event loop."""
+        if not inspect.isawaitable(values):
+            return values
+        if self._event_loop is None:
+            self._event_loop = asyncio.new_event_loop()
+        return self._event_loop.run_until_complete(values)
 
     def _reward_metric(self, name: str, value: float) -> None:
         """A reward function's metric (TRL's ``log_metric``): logged as the mean over the logging window."""
         self._push_metrics({name: float(value)})
-
-    def _push_metrics(self, metrics: dict[str, Any]) -> None:
-        try:
-            self.metrics_queue.put_nowait(metrics)
-        except queue.Full:
-            pass  # never block rollouts on a trainer that stopped logging

@@ -1,0 +1,367 @@
+"""What the asynchronous method trainers share (docs/async.md): the threaded rollout worker, the reward call, the
+sample layout and the trainer's set-up of its worker.
+
+- `ThreadedRolloutWorker`: TRL's ``RolloutWorkerProtocol`` in a thread of the trainer process: the sample and metrics
+  queues, the loop over the dataset's prompts (``groups_per_run`` at a time, cycling), the policy-version tracking,
+  error counting (``max_consecutive_errors``), the heartbeat, `check_health` and `stop`. A method's worker subclasses
+  it and writes only its step, ``rollout(rows) -> samples``.
+- `reward_table`, `as_completions`, `group_metrics`: TRL's reward-function interface as every worker calls it.
+- `rollout_sample`: one `RolloutSample` of prompt ids + completion ids, the layout every method trains on.
+- `callable_reward_funcs`, `groups_per_run`, `served_sampling_settings`, `install_served_generator`: the trainers'
+  shared set-up (the served policy is chosen once TRL knows how it syncs the weights).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+from ..rlm.generators import SamplingSettings
+from .async_seam import served_policy_names
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ThreadedRolloutWorker",
+    "as_completions",
+    "callable_reward_funcs",
+    "group_metrics",
+    "groups_per_run",
+    "install_served_generator",
+    "reward_table",
+    "rollout_sample",
+    "served_sampling_settings",
+]
+
+METRICS_QUEUE_SIZE = 4096  # metric dicts kept for the trainer; past that they are dropped, never blocking rollouts
+STOP_WAIT_S = 60  # how long `stop` waits for the run in flight
+
+
+class ThreadedRolloutWorker:
+    """The thread, queues and health of a rollout worker for TRL's asynchronous trainer (``rollout_worker=``).
+
+    A subclass sets `worker_name` (in messages: "The <name> rollout worker ..."), `metric_prefix` (its
+    ``<prefix>/worker_errors_total`` counter) and implements ``rollout(rows) -> list[RolloutSample]``, one run over
+    ``groups_per_run`` dataset rows. A failing run is logged with its traceback, counted and retried with the next
+    rows; ``max_consecutive_errors`` failures in a row stop the thread, and `check_health` (called by the trainer
+    while it waits for samples) then raises with the cause.
+
+    Args (of `_init_worker`, called by the subclass's ``__init__``): dataset, reward_funcs, tokenizer, generator,
+    num_generations, groups_per_run, queue_maxsize, max_consecutive_errors, as the subclasses document them.
+
+    Attributes:
+        rollout_buffer, metrics_queue: what TRL's trainer drains (``RolloutWorkerProtocol``).
+        model_version: the version last published by the trainer.
+        errors: failed runs so far; groups: groups scored so far.
+    """
+
+    worker_name = "rollout"  # "The <worker_name> rollout worker ..."
+    metric_prefix = "rollout"  # "<metric_prefix>/worker_errors_total"
+    in_flight = "a run is still going"  # what `stop` may still be waiting for
+    stale_advice = ""  # appended to the no-progress error (": <what to check>")
+
+    def _init_worker(
+        self,
+        *,
+        dataset: Any,
+        reward_funcs: Sequence[Callable[..., Any]],
+        tokenizer: Any,
+        generator: Any,
+        num_generations: int,
+        groups_per_run: int,
+        queue_maxsize: int,
+        max_consecutive_errors: int,
+    ) -> None:
+        if len(dataset) == 0:
+            raise ValueError(f"The {self.worker_name} rollout worker needs a non-empty dataset of prompts.")
+        if not reward_funcs or not all(callable(func) for func in reward_funcs):
+            raise TypeError("reward_funcs must be one or more callables (TRL's reward-function interface).")
+        if num_generations < 1 or groups_per_run < 1 or max_consecutive_errors < 1:
+            raise ValueError("num_generations, groups_per_run and max_consecutive_errors must be >= 1.")
+        self.dataset = dataset
+        self.reward_funcs = list(reward_funcs)
+        self.reward_func_names = [getattr(func, "__name__", type(func).__name__) for func in self.reward_funcs]
+        self.tokenizer = tokenizer
+        self.generator = generator
+        self.num_generations = num_generations
+        self.groups_per_run = groups_per_run
+        self.max_consecutive_errors = max_consecutive_errors
+        self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
+        self.metrics_queue: queue.Queue = queue.Queue(maxsize=METRICS_QUEUE_SIZE)
+        self.model_version = 0
+        self.errors = 0
+        self.groups = 0
+        self._rows = self._cycle()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+        self._heartbeat = time.time()
+
+    # ------------------------------------------------------------------------------ what a method writes
+    def rollout(self, rows: Sequence[dict[str, Any]]) -> list[Any]:
+        """One run: the samples of ``num_generations`` rollouts of each of ``rows``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement rollout(rows).")
+
+    def _before_start(self) -> None:
+        """Checked by `start` before the thread starts (raise to refuse)."""
+
+    def _on_thread_exit(self) -> None:
+        """Run in the thread as it ends (close what the runs opened there)."""
+
+    def _on_stopped(self) -> None:
+        """Run by `stop` once the thread has ended."""
+
+    # ------------------------------------------------------------------------------ RolloutWorkerProtocol
+    def start(self) -> None:
+        """Start the rollout thread (once; TRL calls it when training begins)."""
+        if self._thread is not None:
+            return
+        self._before_start()
+        self._heartbeat = time.time()
+        name = f"{self.worker_name.lower()}-rollout-worker"
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to stop and wait for the run in flight."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=STOP_WAIT_S)
+            if self._thread.is_alive():
+                logger.warning(
+                    "The %s rollout worker did not stop within %d s (%s).",
+                    self.worker_name,
+                    STOP_WAIT_S,
+                    self.in_flight,
+                )
+                return
+        self._on_stopped()
+
+    def update_model_version(self, model_version: int) -> None:
+        """Record the version the trainer published and forward it to the generator (when it tracks versions)."""
+        self.model_version = int(model_version)
+        update = getattr(self.generator, "update_model_version", None)
+        if callable(update):
+            update(self.model_version)
+
+    def check_health(self, stale_after_s: float) -> None:
+        """Raise when the thread stopped on an error (with the cause), or has not ticked for ``stale_after_s``."""
+        name = self.worker_name
+        if self._failure is not None:
+            raise RuntimeError(
+                f"The {name} rollout worker stopped: {type(self._failure).__name__}: {self._failure}"
+            ) from self._failure
+        if self._thread is None:
+            raise RuntimeError(
+                f"The {name} rollout worker was never started (start() is called when training begins)."
+            )
+        if not self._thread.is_alive() and not self._stop.is_set():
+            raise RuntimeError(f"The {name} rollout worker thread ended without an error; no more samples will come.")
+        age = time.time() - self._heartbeat
+        if age > stale_after_s:
+            raise RuntimeError(
+                f"The {name} rollout worker made no progress for {age:.0f} s (> heartbeat_stale_after_s="
+                f"{stale_after_s:.0f}){self.stale_advice}."
+            )
+
+    # ------------------------------------------------------------------------------ the rollout loop
+    def _main(self) -> None:
+        try:
+            self._run_loop()
+        except BaseException as error:  # noqa: BLE001  (kept for check_health, which re-raises it with the cause)
+            self._failure = error
+            logger.error("The %s rollout worker stopped: %s: %s", self.worker_name, type(error).__name__, error)
+        finally:
+            self._on_thread_exit()
+
+    def _run_loop(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            rows = [next(self._rows) for _ in range(self.groups_per_run)]
+            try:
+                samples = self.rollout(rows)
+            except Exception as error:
+                failures += 1
+                self.errors += 1
+                self._push_metrics({f"{self.metric_prefix}/worker_errors_total": 1.0})
+                logger.exception("%s rollout run failed (%d in a row): %s", self._title, failures, error)
+                if failures >= self.max_consecutive_errors:
+                    raise RuntimeError(
+                        f"{failures} {self.worker_name} rollout runs failed in a row; the last with "
+                        f"{type(error).__name__}: {error}"
+                    ) from error
+                continue
+            failures = 0
+            for sample in samples:
+                if not self._put(sample):
+                    return
+
+    @property
+    def _title(self) -> str:
+        return self.worker_name[:1].upper() + self.worker_name[1:]
+
+    def _put(self, sample: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                sample.enqueued_at = time.time()
+                self.rollout_buffer.put(sample, timeout=0.5)
+                self._heartbeat = time.time()
+                return True
+            except queue.Full:
+                self._heartbeat = time.time()  # waiting on the trainer is not a hang
+        return False
+
+    def _cycle(self) -> Iterator[dict[str, Any]]:
+        while True:
+            yield from self.dataset
+
+    def _tick(self) -> None:
+        """The heartbeat: the thread is making progress (a long generator or judge call is not a hang)."""
+        self._heartbeat = time.time()
+
+    def _push_metrics(self, metrics: dict[str, Any]) -> None:
+        try:
+            self.metrics_queue.put_nowait(metrics)
+        except queue.Full:
+            pass  # never block rollouts on a trainer that stopped logging
+
+
+# ---------------------------------------------------------------------------------- rewards (TRL's interface)
+def as_completions(prompt: Any, texts: Sequence[str]) -> list[Any]:
+    """The ``completions`` TRL passes to reward functions: conversational (one assistant message each) for a
+    conversational prompt, the texts for a text prompt."""
+    if isinstance(prompt, str):
+        return list(texts)
+    return [[{"role": "assistant", "content": text}] for text in texts]
+
+
+def reward_table(
+    reward_funcs: Sequence[Callable[..., Any]],
+    names: Sequence[str],
+    kwargs: Mapping[str, Any],
+    size: int,
+    resolve: Callable[[Any], Any] | None = None,
+) -> list[list[float]]:
+    """Every reward function called once with TRL's keyword lists.
+
+    Args:
+        reward_funcs, names: the functions and their names (for the error).
+        kwargs: ``prompts``, ``completions``, ``completion_ids``, the dataset columns, ... as lists of ``size``.
+        size: ``G``, the completions scored.
+        resolve: turns a function's return value into its rewards (e.g. awaits an awaitable); None: as returned.
+
+    Returns:
+        ``(functions, G)`` floats, NaN where a function returned None.
+    """
+    table = []
+    for func, name in zip(reward_funcs, names, strict=True):
+        values = func(**kwargs)
+        values = list(values if resolve is None else resolve(values))
+        if len(values) != size:
+            raise ValueError(f"reward function {name} returned {len(values)} rewards for {size} completions.")
+        table.append([math.nan if value is None else float(value) for value in values])
+    return table
+
+
+def group_metrics(
+    index: int, reward: float, reward_std: float, names: Sequence[str], per_func: Sequence[Sequence[float]]
+) -> dict[str, float]:
+    """The metrics every sample of rollout ``index`` carries: ``reward``, ``reward_std`` (the group's) and
+    ``rewards/<function>`` from the ``(functions, G)`` table ``per_func``."""
+    return {
+        "reward": reward,
+        "reward_std": reward_std,
+        **{f"rewards/{name}": values[index] for name, values in zip(names, per_func)},
+    }
+
+
+# ---------------------------------------------------------------------------------- samples
+def rollout_sample(
+    prompt_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    logprobs: Sequence[float],
+    *,
+    advantage: float,
+    model_version: int,
+    group_id: int,
+    metrics: Mapping[str, Any],
+    prompt: Any = None,
+    completion: Any = None,
+) -> RolloutSample:
+    """One `RolloutSample`: ``input_ids`` = the ``P`` prompt ids + the ``C`` completion ids, ``(P + C,)``; the
+    completion mask 1 over the completion only; p_old = the sampler's ``(C,)`` log-probs there (0 over the prompt).
+    The callers check the lengths (with their own words for what the ids are)."""
+    num_prompt, num_completion = len(prompt_ids), len(completion_ids)
+    return RolloutSample(
+        prompt=prompt,
+        completion=completion,
+        input_ids=np.asarray([*prompt_ids, *completion_ids], dtype=np.int64),
+        completion_mask=np.asarray([0] * num_prompt + [1] * num_completion, dtype=np.int64),
+        old_log_probs=np.asarray([0.0] * num_prompt + list(logprobs), dtype=np.float32),
+        advantage=float(advantage),
+        model_version=int(model_version),
+        group_id=int(group_id),
+        metrics=dict(metrics),
+    )
+
+
+# ---------------------------------------------------------------------------------- the trainers' set-up
+def callable_reward_funcs(trainer_name: str, reward_funcs: Any, rollout_worker: Any) -> list[Any]:
+    """``reward_funcs`` as a list; with the trainer's own worker (``rollout_worker=None``) they must be callables."""
+    funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    if rollout_worker is None and not all(callable(func) for func in funcs):
+        raise TypeError(
+            f"{trainer_name}'s rollout worker calls the reward functions itself: pass callables (TRL's "
+            "reward-function interface), not model ids."
+        )
+    return funcs
+
+
+def groups_per_run(args: Any) -> int:
+    """Prompts per worker run: as many groups as ``max_inflight_tasks`` holds (at least one)."""
+    return max(1, args.max_inflight_tasks // args.num_generations)
+
+
+def served_sampling_settings(args: Any, generation_kwargs: dict[str, Any] | None = None) -> SamplingSettings:
+    """The `SamplingSettings` of TRL's async sampling fields (``AsyncGRPOConfig`` has no ``generation_kwargs``:
+    extra request fields such as ``stop`` are the method's)."""
+    return SamplingSettings(
+        max_new_tokens=args.max_completion_length,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k or 0,
+        min_p=args.min_p or 0.0,
+        repetition_penalty=args.repetition_penalty,
+        generation_kwargs=dict(generation_kwargs or {}),
+    )
+
+
+def install_served_generator(
+    trainer: Any, generator: Any, *, group_requests: bool = False, generation_kwargs: dict[str, Any] | None = None
+) -> None:
+    """Give the trainer's own worker the served policy (`ServedPolicyGenerator` on ``vllm_server_base_url``, the
+    adapter TRL publishes) unless a ``generator`` was passed. Call after ``super().__init__`` (TRL has chosen how it
+    syncs the weights then). ``group_requests``: a group's completions in one request with ``n`` (RLMT)."""
+    if not trainer._own_worker or generator is not None or trainer.rollout_worker is None:
+        return
+    from .async_rlm.generator import ServedPolicyGenerator  # here: async_rlm imports this module
+
+    args = trainer.args
+    base_model, lora_name = served_policy_names(trainer)
+    trainer.rollout_worker.generator = ServedPolicyGenerator(
+        args.vllm_server_base_url,
+        base_model,
+        lora_name=lora_name,
+        settings=served_sampling_settings(args, generation_kwargs),
+        timeout_s=args.request_timeout,
+        seed=args.seed,
+        group_requests=group_requests,
+    )
