@@ -77,7 +77,9 @@ def test_async_rlm_trains_on_turns_sampled_from_the_served_adapter(tmp_path):
         server.stop()
 
     assert trainer.state.global_step == MAX_STEPS and len(history) == MAX_STEPS
-    assert generator.lora_name == "trl-policy" and max(generator.versions_used) >= 2  # asked for synced adapters
+    assert (
+        generator.lora_name == "trl-policy" and max(generator.versions_used) >= 1
+    )  # asked for a synced adapter (v1: the sync before step 1)
     assert f"trl-policy-v{trainer.model_version}" in served
     for entry in history:
         assert entry["rlm/turns_mean"] >= 1.0 and entry["sample/staleness_max"] <= MAX_STALENESS, entry

@@ -83,7 +83,9 @@ def test_async_rlmt_trains_on_served_completions_scored_by_the_reward_model(tmp_
         server.stop()
 
     assert trainer.state.global_step == MAX_STEPS and len(history) == MAX_STEPS
-    assert generator.lora_name == "trl-policy" and max(generator.versions_used) >= 2  # asked for synced adapters
+    assert (
+        generator.lora_name == "trl-policy" and max(generator.versions_used) >= 1
+    )  # asked for a synced adapter (v1: the sync before step 1)
     assert f"trl-policy-v{trainer.model_version}" in served
     tokenizer = worker.tokenizer
     completions = worker.last_completions
