@@ -35,6 +35,7 @@ ASYNC_SEAM: dict[str, tuple[str, ...]] = {
     "compute_loss": ("self", "model", "inputs", "return_outputs", "num_items_in_batch"),
     "_save_checkpoint": ("self", "model", "trial"),  # faults.save_rollout_version for trl-ext's workers
     "_inner_training_loop": ("self", "args", "kwargs"),  # faults.restore_rollout_version
+    "_sync_weight": ("self",),  # AsyncSeam: a sync that cannot reach the server names it
 }
 # AsyncRolloutWorker (TRL's own worker) methods the seam wraps (`faults.guard_rollout_worker`) -> parameter names,
 # and the attributes it reads: ``_process`` (the spawned child, assigned in __init__ and start).

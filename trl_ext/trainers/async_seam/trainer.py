@@ -7,7 +7,7 @@ that the trainer itself names nothing private of TRL's.
 - `record_micro_batch` adds the micro-batch to TRL's per-step accounting (tokens, samples, forward time), which TRL's
   ``compute_loss`` does and a loss computed by trl-ext must do too.
 - `loss_normalizer`, `log_metric`, `global_sums`, `mode`: TRL's normaliser, metric store and collectives.
-- Faults and resuming (`faults`): TRL's own worker process, when it died, is named and reaped instead of hanging the
+- Faults and resuming (`faults`): a weight sync that cannot reach the server names it; TRL's own worker process, when it died, is named and reaped instead of hanging the
   run; a trl-ext worker's policy version counter is saved with each checkpoint and restored on resume.
 """
 
@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import requests
 import torch
 from torch import Tensor
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -76,6 +77,16 @@ class AsyncSeam(AsyncGRPOTrainer):
             install_cpu_support()  # before TRL's __init__, which looks up the device's peak FLOPs
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         guard_rollout_worker(self.rollout_worker)  # a dead worker process: its exit named, no hang on stop
+
+    def _sync_weight(self):
+        try:
+            return super()._sync_weight()
+        except requests.ConnectionError as error:  # TRL's message names neither the server nor the fix
+            url = getattr(self.args, "vllm_server_base_url", "?")
+            raise ConnectionError(
+                f"The weight sync could not reach the vLLM server at {url} ({type(error).__name__}: {error}). "
+                "Restart `vllm serve`, then resume from the last checkpoint (resume_from_checkpoint=True)."
+            ) from error
 
     # ---------------------------------------------------------------------------------------------- resuming
     def _save_checkpoint(self, model, trial):
