@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -55,8 +56,20 @@ def run_processes(script: str, out_dir: Path, nproc: int = 2, timeout: int = 300
     """Run ``tests/scripts/<script> OUT_DIR`` under ``torchrun --nproc_per_node nproc``; fail with its output."""
     path = Path(__file__).parent / "scripts" / script
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    with socket.socket() as probe:  # a free rendezvous port: never a port an earlier run's processes still hold
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(nproc),
+        "--master_port",
+        str(port),
+    ]
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), str(path), str(out_dir)],
+        [*launcher, str(path), str(out_dir)],
         env=env,
         capture_output=True,
         text=True,
