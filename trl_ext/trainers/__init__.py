@@ -1,7 +1,8 @@
 """Trainers: thin subclasses of TRL's GRPOTrainer/GRPOConfig that wire trl-ext's pure modules in.
 
 The asynchronous trainers (`ExtAsyncGRPOTrainer`, `AsyncStepwiseRLMTrainer`, `AsyncJudgeCreditTrainer`,
-`AsyncRLMTTrainer` and their configs, on TRL's experimental `AsyncGRPOTrainer`) load on first access: importing `trl.experimental` warns that its APIs may change.
+`AsyncRLMTTrainer` and their configs, on TRL's experimental `AsyncGRPOTrainer`, and `LocalPolicy`, their in-process
+sampler) load on first access: importing `trl.experimental` warns that its APIs may change.
 """
 
 from importlib import import_module
@@ -26,6 +27,7 @@ _LAZY = {
     "AsyncStepwiseRLMTrainer": "trl_ext.trainers.async_rlm",
     "ExtAsyncGRPOConfig": "trl_ext.trainers.ext_async_grpo_config",
     "ExtAsyncGRPOTrainer": "trl_ext.trainers.ext_async_grpo",
+    "LocalPolicy": "trl_ext.trainers.local_policy",
 }
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "ExtGRPOTrainer",
     "JudgeCreditConfig",
     "JudgeCreditTrainer",
+    "LocalPolicy",
     "RLMTConfig",
     "RLMTTrainer",
     "StepwiseRLMConfig",

@@ -85,11 +85,13 @@ class ServerWatch:
 def watch_server(trainer: Any) -> ServerWatch | None:
     """Wrap ``trainer.rollout_worker.check_health`` in a `ServerWatch` of ``args.vllm_server_base_url`` with
     ``args.vllm_server_timeout``; call it once, after TRL's ``__init__`` and before ``train()`` (the dataloader
-    takes the check when it is built). Returns the watch, or None on a rank without a worker or without a server URL.
+    takes the check when it is built). Returns the watch, or None on a rank without a worker or without a server URL,
+    or when the weights go to a sampler that uses no server (a ``weight_transfer`` with ``uses_server = False``:
+    `trl_ext.trainers.LocalPolicy`).
     """
     worker = getattr(trainer, "rollout_worker", None)
     url = getattr(trainer.args, "vllm_server_base_url", None)
-    if worker is None or not url:
+    if worker is None or not url or not getattr(getattr(trainer, "weight_transfer", None), "uses_server", True):
         return None
     if isinstance(worker.check_health, ServerWatch):
         return worker.check_health

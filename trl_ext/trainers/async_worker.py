@@ -13,12 +13,13 @@ sample layout and the trainer's set-up of its worker.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from .async_seam import served_policy_names
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "StalenessGate",
     "ThreadedRolloutWorker",
     "as_completions",
     "callable_reward_funcs",
@@ -41,8 +43,46 @@ __all__ = [
     "served_sampling_settings",
 ]
 
+RUN_MARKS_KEPT = 4096  # completed runs remembered for `ThreadedRolloutWorker.resume_state`
+GATE_POLL_S = 0.02  # how often a worker waiting for room (`StalenessGate`) looks again
 METRICS_QUEUE_SIZE = 4096  # metric dicts kept for the trainer; past that they are dropped, never blocking rollouts
 STOP_WAIT_S = 60  # how long `stop` waits for the run in flight
+
+
+class StalenessGate:
+    """When a rollout worker may start a run: only while the run's samples will be trained within ``max_staleness``
+    policy versions of the version it starts at (prime-rl's ``async_level``, counted in samples).
+
+    The trainer takes samples from the buffer in order and publishes a new version every ``samples_per_version``
+    samples. At a version that has taken ``c`` samples so far, with ``q`` samples queued, a run of ``r`` samples
+    started now has its last sample trained at ``ceil((c + q + r) / samples_per_version) - 1`` versions later: the
+    run may start when ``c + q + r <= (max_staleness + 1) * samples_per_version``, with ``r`` the last run's size.
+    It always may when nothing is queued (else the trainer would wait for ever), or before any size is known.
+
+    ``samples_per_version`` is the trainer's figure when its batches hold a fixed count of samples; otherwise (a token
+    budget) the samples taken between the last two versions. ``max_staleness=None``: no gate (fill the buffer).
+    """
+
+    def __init__(self, max_staleness: int | None = None, samples_per_version: int = 0) -> None:
+        self.max_staleness = max_staleness
+        self.samples_per_version = samples_per_version  # 0: measured
+        self.measured_per_version = 0
+        self.last_run_samples = 0
+        self._consumed_at_version: int | None = None
+
+    def new_version(self, consumed: int) -> None:
+        """The trainer published a version when ``consumed`` samples had been taken from the buffer in all."""
+        if self._consumed_at_version is not None and consumed > self._consumed_at_version:
+            self.measured_per_version = consumed - self._consumed_at_version
+        self._consumed_at_version = consumed
+
+    def room(self, consumed: int, queued: int) -> bool:
+        """Whether a run may start now, ``consumed`` samples taken in all and ``queued`` waiting (class docstring)."""
+        per_version = self.samples_per_version or self.measured_per_version
+        if self.max_staleness is None or queued == 0 or per_version <= 0 or self.last_run_samples <= 0:
+            return True
+        taken_this_version = consumed - (self._consumed_at_version or 0)
+        return taken_this_version + queued + self.last_run_samples <= (self.max_staleness + 1) * per_version
 
 
 class ThreadedRolloutWorker:
@@ -99,7 +139,10 @@ class ThreadedRolloutWorker:
         self.model_version = 0
         self.errors = 0
         self.groups = 0
-        self._rows = self._cycle()
+        self._run_marks: collections.deque[tuple[int, int]] = collections.deque(maxlen=RUN_MARKS_KEPT)
+        self.rows_taken = 0  # dataset rows handed to runs so far (cycling): the next run starts at this position
+        self._rows = self._cycle(0)
+        self.staleness = StalenessGate()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
@@ -148,6 +191,7 @@ class ThreadedRolloutWorker:
     def update_model_version(self, model_version: int) -> None:
         """Record the version the trainer published and forward it to the generator (when it tracks versions)."""
         self.model_version = int(model_version)
+        self.staleness.new_version(self._samples_consumed())
         update = getattr(self.generator, "update_model_version", None)
         if callable(update):
             update(self.model_version)
@@ -185,6 +229,9 @@ class ThreadedRolloutWorker:
     def _run_loop(self) -> None:
         failures = 0
         while not self._stop.is_set():
+            waited = self._wait_for_room()
+            if waited is None:
+                return
             rows = [next(self._rows) for _ in range(self.groups_per_run)]
             try:
                 samples = self.rollout(rows)
@@ -200,6 +247,10 @@ class ThreadedRolloutWorker:
                     ) from error
                 continue
             failures = 0
+            self._run_marks.append((self.groups, self.rows_taken))
+            self.staleness.last_run_samples = len(samples)
+            if self.staleness.max_staleness is not None:
+                self._push_metrics({f"{self.metric_prefix}/staleness_wait_s": waited})
             for sample in samples:
                 if not self._put(sample):
                     return
@@ -213,15 +264,66 @@ class ThreadedRolloutWorker:
             try:
                 sample.enqueued_at = time.time()
                 self.rollout_buffer.put(sample, timeout=0.5)
+                self._samples_put += 1
                 self._heartbeat = time.time()
                 return True
             except queue.Full:
                 self._heartbeat = time.time()  # waiting on the trainer is not a hang
         return False
 
-    def _cycle(self) -> Iterator[dict[str, Any]]:
+    def _cycle(self, start: int) -> Iterator[dict[str, Any]]:
+        """The dataset's rows from position ``start`` on, cycling; `rows_taken` counts the rows handed out."""
+        self.rows_taken = start
         while True:
-            yield from self.dataset
+            row = self.dataset[self.rows_taken % len(self.dataset)]
+            self.rows_taken += 1
+            yield row
+
+    # ------------------------------------------------------------------------------ staleness and resume
+    _samples_put = 0
+
+    def _samples_consumed(self) -> int:
+        """Samples the trainer has taken from the buffer so far (dropped ones included)."""
+        return self._samples_put - self.rollout_buffer.qsize()
+
+    def _wait_for_room(self) -> float | None:
+        """Wait until a new run cannot go stale (`StalenessGate.room`); the seconds waited, None when stopped."""
+        start = time.perf_counter()
+        while not self._stop.is_set():
+            if self.staleness.room(self._samples_consumed(), self.rollout_buffer.qsize()):
+                return time.perf_counter() - start
+            self._heartbeat = time.time()  # waiting on the trainer is not a hang
+            time.sleep(GATE_POLL_S)
+        return None
+
+    def resume_state(self, trained_group_ids: Iterable[int]) -> dict[str, int]:
+        """Where a run resumed from a checkpoint starts: after the last run whose groups were all trained.
+
+        Args:
+            trained_group_ids: the group ids the trainer has trained on (TRL's collator records them).
+
+        Returns:
+            ``{"rows": dataset position, "groups": next group id}``: the rows of runs still in flight, queued or
+            partly trained are sampled again after the resume (their trees, judge calls and REPLs are redone; their
+            samples were never, or only partly, trained).
+        """
+        trained = max(trained_group_ids, default=-1)
+        rows, groups = self._resumed_from
+        for next_group, rows_after in self._run_marks:
+            if next_group - 1 <= trained:
+                rows, groups = rows_after, next_group
+        return {"rows": rows, "groups": groups}
+
+    _resumed_from: tuple[int, int] = (0, 0)
+
+    def restore_state(self, state: Mapping[str, int]) -> None:
+        """Start at a `resume_state` (call before `start`)."""
+        if self._thread is not None:
+            raise RuntimeError("restore_state must be called before the rollout worker starts.")
+        rows, groups = int(state.get("rows", 0)), int(state.get("groups", 0))
+        self._resumed_from = (rows, groups)
+        self.groups = groups
+        self._rows = self._cycle(rows)
 
     def _tick(self) -> None:
         """The heartbeat: the thread is making progress (a long generator or judge call is not a hang)."""

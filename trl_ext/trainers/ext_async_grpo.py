@@ -20,11 +20,12 @@ from torch import Tensor
 from ..losses import LossSpec, get_loss
 from ..methods import METHODS
 from .async_faults import watch_server
-from .async_seam import AsyncSeam, TreeForward, fold_loss_weights
+from .async_seam import AsyncSeam, TreeForward, fold_loss_weights, loss_weight_collator
+from .async_worker import ThreadedRolloutWorker
 from .ext_async_grpo_config import ExtAsyncGRPOConfig
 from .weight_sync import choose_weight_transfer
 
-__all__ = ["ExtAsyncGRPOTrainer", "policy_stat_sums"]
+__all__ = ["ExtAsyncGRPOTrainer", "policy_stat_sums", "version_lags"]
 
 
 def policy_stat_sums(logps: Tensor, old_logps: Tensor, entropy: Tensor) -> dict[str, Tensor]:
@@ -46,6 +47,20 @@ def policy_stat_sums(logps: Tensor, old_logps: Tensor, entropy: Tensor) -> dict[
             "entropy": entropy.detach().sum(),
             "count": torch.tensor(float(logps.numel()), device=logps.device),
         }
+
+
+def version_lags(sample_versions: Tensor, model_version: int, max_lag: int) -> Tensor:
+    """Each token's version lag: ``model_version - sample_versions``, clamped to ``[0, max_lag]``.
+
+    Args:
+        sample_versions: ``(M,)`` the policy version that sampled each token (float, as collated).
+        model_version: the version of the policy being trained.
+        max_lag: the largest lag reported (older tokens count as ``max_lag``).
+
+    Returns:
+        ``(M,)`` int64 lags.
+    """
+    return (model_version - sample_versions.round().long()).clamp(0, max_lag)
 
 
 class ExtAsyncGRPOTrainer(AsyncSeam):
@@ -79,6 +94,23 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
         if any(isinstance(cb, MonitorCallback) for cb in self.callback_handler.callbacks):
             add_monitors(self)
         watch_server(self)  # a vllm serve that went away ends training with an error naming it
+        self._gate_staleness()
+
+    def _gate_staleness(self) -> None:
+        """A trl-ext rollout worker starts a run only while its samples cannot go stale (`StalenessGate`): with the
+        samples a version takes when batches hold a fixed count (``token_budget=0``), else measured by the worker."""
+        worker = self.rollout_worker
+        if not isinstance(worker, ThreadedRolloutWorker):
+            return  # TRL's own worker bounds its runs with max_inflight_tasks
+        args = self.args
+        worker.staleness.max_staleness = args.max_staleness
+        if not args.token_budget:
+            worker.staleness.samples_per_version = (
+                args.per_device_train_batch_size
+                * args.gradient_accumulation_steps
+                * self.accelerator.num_processes
+                * args.weight_sync_steps
+            )
 
     @property
     def loss_spec(self) -> LossSpec:
@@ -111,8 +143,52 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
         )
         loss = self.add_aux_loss(loss, forward)
         self._log_loss_metrics(spec, forward, metrics)
+        self._log_trust_region_by_lag(spec, forward, logps)
         self.record_micro_batch(inputs, forward)
         return loss
+
+    def get_train_dataloader(self):
+        """TRL's dataloader, its collator adding each loss token's policy version (``sample_versions``, for the
+        metrics by lag) and the samples' ``loss_weights`` when they carry them (`trl_ext.trainers.async_seam.weights`)."""
+        with loss_weight_collator():
+            return super().get_train_dataloader()
+
+    def _log_trust_region_by_lag(self, spec: LossSpec, forward: TreeForward, logps: Tensor) -> None:
+        """The loss's trust-region metric per version lag, ``<metric>/lag_<k>`` (e.g. ``ipo/masked_ratio/lag_2``):
+        the loss recomputed without gradient over the tokens of each lag ``k`` = this policy's version minus the
+        version that sampled them, 0 to ``max_staleness + 1`` (a micro-batch fetched ahead of a sync is one older).
+        Token-weighted over all ranks; a lag with no token in the micro-batch on any rank is not logged."""
+        metric = spec.trust_region_metric
+        if forward.sample_versions is None or metric is None or not metric.startswith(f"{spec.name}/"):
+            return
+        key = metric.removeprefix(f"{spec.name}/")
+        max_lag = self.args.max_staleness + 1
+        lags = version_lags(forward.sample_versions, self.model_version, max_lag)
+        settings = spec.settings_from(self.args)
+        weights = None if forward.loss_weights is None else forward.loss_weights.to(logps.dtype).unsqueeze(0)
+        sums = []
+        with torch.no_grad():
+            for lag in range(max_lag + 1):
+                mask = (lags == lag).unsqueeze(0)
+                if not mask.any():
+                    sums += [0.0, 0.0]
+                    continue
+                _, lag_metrics = spec.compute(
+                    logps.detach(),
+                    forward.old_logps.to(logps.dtype).unsqueeze(0),
+                    forward.advantages.to(logps.dtype).unsqueeze(0),
+                    mask,
+                    normalizer=torch.tensor(1.0),
+                    weights=weights,
+                    **settings,
+                )
+                tokens = lag_metrics["num_tokens"]
+                sums += [lag_metrics[key] * tokens, tokens]
+        totals = self.global_sums(*sums)
+        for lag in range(max_lag + 1):
+            tokens = totals[2 * lag + 1]
+            if tokens > 0:
+                self.log_metric(f"{metric}/lag_{lag}", (totals[2 * lag] / tokens).item())
 
     def _log_loss_metrics(self, spec: LossSpec, forward: TreeForward, metrics: dict[str, Tensor]) -> None:
         """TRL's ``ratio``/``kl``/``entropy`` and the loss's ``<name>/<metric>``, token-weighted over all ranks, in

@@ -33,8 +33,8 @@ __all__ = [
 # AsyncGRPOTrainer methods the seam (or a trl-ext trainer) overrides -> their parameter names.
 ASYNC_SEAM: dict[str, tuple[str, ...]] = {
     "compute_loss": ("self", "model", "inputs", "return_outputs", "num_items_in_batch"),
-    "_save_checkpoint": ("self", "model", "trial"),  # faults.save_rollout_version for trl-ext's workers
-    "_inner_training_loop": ("self", "args", "kwargs"),  # faults.restore_rollout_version
+    "_save_checkpoint": ("self", "model", "trial"),  # faults.save_rollout_state for trl-ext's workers
+    "_inner_training_loop": ("self", "args", "kwargs"),  # faults.restore_rollout_state
     "_sync_weight": ("self",),  # AsyncSeam: a sync that cannot reach the server names it
 }
 # AsyncRolloutWorker (TRL's own worker) methods the seam wraps (`faults.guard_rollout_worker`) -> parameter names,
@@ -75,6 +75,8 @@ ASYNC_ATTRIBUTES: tuple[str, ...] = (
     "_lora_sync",  # policy.served_policy_names: whether syncs publish a LoRA adapter, and under which prefix
     "_lora_name",
     "_get_output_dir",  # faults: the checkpoint folder a save writes (transformers.Trainer's)
+    "_trained_groups",  # faults: the group ids TRL's collator has trained on (where a worker's dataset resumes)
+    "rollout_queue",  # what get_train_dataloader hands RolloutQueueDataset: wrapped by weights.VersionTaggedQueue
 )
 
 # Keys of a batch of TRL's collator (`DataCollatorForRollout`): the packed row (`TreeRow.pack`) and the counts.
@@ -107,6 +109,7 @@ FORWARD_KEYS: frozenset[str] = BATCH_KEYS
 LOSS_WEIGHT_INTERNALS: tuple[str, ...] = (
     "async_grpo_trainer.DataCollatorForRollout (named in AsyncGRPOTrainer.get_train_dataloader)",
     "RolloutQueueDataset.__iter__ yields {'metrics': sample.metrics}",
+    "RolloutQueueDataset reads its queue through get() and qsize() only (weights.VersionTaggedQueue)",
     "the collated segment_id: each loss token's sample index in its row",
 )
 
@@ -230,6 +233,18 @@ def _loss_weight_problems() -> list[str]:
         for node in ast.walk(tree)
     ):
         problems.append("RolloutQueueDataset.__iter__ no longer yields each sample's metrics dict ('metrics')")
+    if tree is not None:
+        used = {
+            node.attr
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "queue"
+            and isinstance(node.value.value, ast.Name)
+            and node.value.value.id == "self"
+        }
+        if not used <= {"get", "qsize"}:
+            problems.append(f"RolloutQueueDataset.__iter__ uses its queue's {sorted(used)} (expected get and qsize)")
     try:
         row = packing.TreeRow()
         for index, completion in enumerate(([4, 5], [6, 7, 8])):

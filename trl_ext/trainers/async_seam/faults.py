@@ -6,10 +6,12 @@ Two gaps of TRL 1.16's asynchronous trainer, closed here:
   so a child killed by a signal (or crashed) is reported, after ``heartbeat_stale_after_s``, as "hung"; then
   ``AsyncRolloutWorker.stop`` waits for ever for the dead child to acknowledge the stop event, and training hangs.
   `guard_rollout_worker` makes the check name the exit first (code, signal) and the stop reap a dead child.
-- **Policy versions across a resume.** TRL saves the version counter in ``rollout_state.json`` for its own worker
-  only; a trl-ext worker (stepwise RLM, judge credit, RLMT) restarted at version 0 and republished adapters under
-  names a running ``vllm serve`` still holds (``400 ... has already been loaded``). `save_rollout_version` /
-  `restore_rollout_version` write and read the counter for those workers (`AsyncSeam._save_checkpoint`,
+- **Policy versions and the dataset position across a resume.** TRL saves the version counter in
+  ``rollout_state.json`` for its own worker only; a trl-ext worker (stepwise RLM, judge credit, RLMT) restarted at
+  version 0 and republished adapters under names a running ``vllm serve`` still holds (``400 ... has already been
+  loaded``), and started its prompts from the first row again. `save_rollout_state` / `restore_rollout_state` write
+  and read the counter and the worker's dataset position (after the last run whose groups were all trained: TRL's
+  collator records the trained group ids) for those workers (`AsyncSeam._save_checkpoint`,
   `AsyncSeam._inner_training_loop`).
 """
 
@@ -26,8 +28,8 @@ __all__ = [
     "ROLLOUT_STATE_FILE",
     "check_rollout_child",
     "guard_rollout_worker",
-    "restore_rollout_version",
-    "save_rollout_version",
+    "restore_rollout_state",
+    "save_rollout_state",
     "stop_rollout_child",
 ]
 
@@ -71,17 +73,20 @@ def guard_rollout_worker(worker: Any) -> None:
         worker.stop = functools.partial(stop_rollout_child, worker)
 
 
-def save_rollout_version(folder: str, model_version: int) -> None:
-    """Write the policy version counter of a trl-ext rollout worker into checkpoint ``folder``."""
+def save_rollout_state(folder: str, model_version: int, worker_state: dict[str, int] | None = None) -> None:
+    """Write a trl-ext rollout worker's state into checkpoint ``folder``: the policy version counter and, when given,
+    where its dataset resumes (`ThreadedRolloutWorker.resume_state`: ``rows``, ``groups``)."""
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, ROLLOUT_STATE_FILE), "w") as file:
-        json.dump({"model_version": int(model_version)}, file)
+        json.dump({"model_version": int(model_version), **(worker_state or {})}, file)
 
 
-def restore_rollout_version(folder: str) -> int | None:
-    """The policy version counter saved in checkpoint ``folder``, or None when it holds none."""
+def restore_rollout_state(folder: str) -> dict[str, int] | None:
+    """The state `save_rollout_state` wrote in checkpoint ``folder`` (``model_version`` and, when saved, ``rows``
+    and ``groups``), or None when it holds none."""
     path = os.path.join(folder, ROLLOUT_STATE_FILE)
     if not os.path.isfile(path):
         return None
     with open(path) as file:
-        return int(json.load(file).get("model_version", 0))
+        state = json.load(file)
+    return {key: int(value) for key, value in state.items() if key in ("model_version", "rows", "groups")}

@@ -26,8 +26,8 @@ from trl.experimental.async_grpo import AsyncGRPOTrainer
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
 from .cpu import install_cpu_support
-from .faults import guard_rollout_worker, restore_rollout_version, save_rollout_version
-from .weights import LOSS_WEIGHTS_KEY
+from .faults import guard_rollout_worker, restore_rollout_state, save_rollout_state
+from .weights import LOSS_WEIGHTS_KEY, SAMPLE_VERSIONS_KEY, VersionTaggedQueue
 
 __all__ = ["AsyncSeam", "TreeForward"]
 
@@ -44,6 +44,8 @@ class TreeForward:
         segment_id: ``(M,)`` the index of each token's completion in this rank's row.
         loss_weights: ``(M,)`` per-token loss weights when the batch carries them (`weights.LossWeightCollator`),
             else None.
+        sample_versions: ``(M,)`` the policy version that sampled each token when the batch carries them
+            (`weights.LossWeightCollator`), else None.
         aux_loss: the MoE load-balancing loss of the forward, or None when TRL does not add it.
         seconds: how long the forward took (TRL's ``perf/fwd_s``).
     """
@@ -56,6 +58,7 @@ class TreeForward:
     aux_loss: Tensor | None
     seconds: float
     loss_weights: Tensor | None = None
+    sample_versions: Tensor | None = None
 
 
 class AsyncSeam(AsyncGRPOTrainer):
@@ -77,6 +80,8 @@ class AsyncSeam(AsyncGRPOTrainer):
             install_cpu_support()  # before TRL's __init__, which looks up the device's peak FLOPs
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         guard_rollout_worker(self.rollout_worker)  # a dead worker process: its exit named, no hang on stop
+        if self.rollout_queue is not None:  # each sample's policy version rides to the loss (`weights`)
+            self.rollout_queue = VersionTaggedQueue(self.rollout_queue)
 
     def _sync_weight(self):
         try:
@@ -95,16 +100,20 @@ class AsyncSeam(AsyncGRPOTrainer):
             folder = os.path.join(
                 self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             )
-            save_rollout_version(folder, self.model_version)  # TRL saves it for its own worker only
+            resume_state = getattr(worker, "resume_state", None)  # a ThreadedRolloutWorker's dataset position
+            worker_state = resume_state(self._trained_groups) if callable(resume_state) else None
+            save_rollout_state(folder, self.model_version, worker_state)  # TRL saves it for its own worker only
         super()._save_checkpoint(model, trial)
 
     def _inner_training_loop(self, *args, **kwargs):
         worker, checkpoint = self.rollout_worker, kwargs.get("resume_from_checkpoint")
         if checkpoint and worker is not None and not isinstance(worker, AsyncRolloutWorker):
-            version = restore_rollout_version(checkpoint)
-            if version is not None:  # adapters keep counting: a running server still holds the earlier names
-                self.model_version = version
-                worker.update_model_version(version)
+            state = restore_rollout_state(checkpoint)
+            if state is not None:  # adapters keep counting: a running server still holds the earlier names
+                self.model_version = state["model_version"]
+                worker.update_model_version(self.model_version)
+                if "rows" in state and callable(getattr(worker, "restore_state", None)):
+                    worker.restore_state(state)  # the prompts continue where the trained ones end
         return super()._inner_training_loop(*args, **kwargs)
 
     # ---------------------------------------------------------------------------------------------- services
@@ -165,6 +174,7 @@ class AsyncSeam(AsyncGRPOTrainer):
             aux_loss=outputs.aux_loss if self.aux_loss_enabled else None,
             seconds=time.time() - start,
             loss_weights=inputs[LOSS_WEIGHTS_KEY][selected] if LOSS_WEIGHTS_KEY in inputs else None,
+            sample_versions=inputs[SAMPLE_VERSIONS_KEY][selected] if SAMPLE_VERSIONS_KEY in inputs else None,
         )
 
     def add_aux_loss(self, loss: Tensor, forward: TreeForward) -> Tensor:

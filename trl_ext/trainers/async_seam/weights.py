@@ -9,7 +9,11 @@ reserved keys there (`weighted_sample_metrics`):
 - ``token weight`` ``W(v) / n_v``: the weight of each of its loss tokens;
 - ``root share``: the part of one root rollout the sample stands for (a tree's samples share 1 between them).
 
-`LossWeightCollator` (TRL's ``DataCollatorForRollout`` plus one key) takes both out of the metrics before TRL logs
+The same road carries each sample's policy version (`VersionTaggedQueue` writes it into the metrics as it leaves the
+buffer): `LossWeightCollator` adds ``sample_versions``, per loss token the version that sampled it, so the loss can
+be watched by version lag (``ipo/masked_ratio/lag_<k>``).
+
+`LossWeightCollator` (TRL's ``DataCollatorForRollout`` plus those keys) takes both out of the metrics before TRL logs
 them and adds ``loss_weights``: per loss token, ``token weight × T / R`` with ``T`` the micro-batch's loss tokens
 and ``R`` its root shares, all rows (`per_token_loss_weights`). TRL's normaliser divides a summed loss by
 ``T / ranks × accumulation steps`` and DDP averages the ranks, so a micro-batch's loss is
@@ -32,18 +36,43 @@ from trl.experimental.async_grpo import async_grpo_trainer
 
 __all__ = [
     "LOSS_WEIGHTS_KEY",
+    "MODEL_VERSION_KEY",
     "ROOT_SHARE_KEY",
+    "SAMPLE_VERSIONS_KEY",
     "TOKEN_WEIGHT_KEY",
     "LossWeightCollator",
+    "VersionTaggedQueue",
     "fold_loss_weights",
     "loss_weight_collator",
     "per_token_loss_weights",
+    "per_token_sample_values",
     "weighted_sample_metrics",
 ]
 
 TOKEN_WEIGHT_KEY = "trl_ext/token_weight"  # W(v) / n_v of each loss token of the sample
 ROOT_SHARE_KEY = "trl_ext/root_share"  # the part of its root rollout the sample stands for
+MODEL_VERSION_KEY = "trl_ext/model_version"  # the policy version that sampled the sample (`VersionTaggedQueue`)
 LOSS_WEIGHTS_KEY = "loss_weights"  # the collated batch's (ranks, M) per-token weights
+SAMPLE_VERSIONS_KEY = "sample_versions"  # the collated batch's (ranks, M) per-token policy versions (-1: padding)
+
+
+class VersionTaggedQueue:
+    """The rollout buffer as TRL's ``RolloutQueueDataset`` reads it (``get``, ``qsize``), each sample leaving with its
+    ``model_version`` copied into its ``metrics`` (`MODEL_VERSION_KEY`): the one per-sample value TRL passes on."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        sample = self.inner.get(*args, **kwargs)
+        sample.metrics = {**(sample.metrics or {}), MODEL_VERSION_KEY: float(sample.model_version)}
+        return sample
+
+    def qsize(self) -> int:
+        return self.inner.qsize()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def weighted_sample_metrics(metrics: Mapping[str, float], token_weight: float, root_share: float) -> dict[str, float]:
@@ -70,22 +99,38 @@ def per_token_loss_weights(
     Returns:
         ``(P, M)`` float32 weights, 0 at padding; ``T`` is the number of loss tokens (non-padding entries).
     """
-    if segment_id.shape != token_index.shape or segment_id.dim() != 2 or len(token_weights) != segment_id.shape[0]:
-        raise ValueError(
-            f"segment_id {tuple(segment_id.shape)} and token_index {tuple(token_index.shape)} must be (P, M) with P = "
-            f"{len(token_weights)} rows of token weights."
-        )
     if not num_roots > 0:
         raise ValueError(f"num_roots must be > 0, got {num_roots}.")
+    num_tokens = float((token_index >= 0).sum())
+    return per_token_sample_values(segment_id, token_index, token_weights, fill=0.0) * (num_tokens / num_roots)
+
+
+def per_token_sample_values(
+    segment_id: Tensor, token_index: Tensor, values: Sequence[Sequence[float]], fill: float
+) -> Tensor:
+    """Each loss token's sample's value: ``values[r][segment_id[r, t]]``, ``fill`` at padding.
+
+    Args:
+        segment_id: ``(P, M)`` the index of each loss token's sample in its row (TRL's collated ``segment_id``).
+        token_index: ``(P, M)`` TRL's collated ``token_index``: ``-1`` marks padding.
+        values: ``values[r][i]``: the value of sample ``i`` of row ``r`` (``P`` rows).
+
+    Returns:
+        ``(P, M)`` float32.
+    """
+    if segment_id.shape != token_index.shape or segment_id.dim() != 2 or len(values) != segment_id.shape[0]:
+        raise ValueError(
+            f"segment_id {tuple(segment_id.shape)} and token_index {tuple(token_index.shape)} must be (P, M) with P = "
+            f"{len(values)} rows of sample values."
+        )
     valid = token_index >= 0
-    num_tokens = float(valid.sum())
-    weights = torch.zeros(segment_id.shape, dtype=torch.float32)
-    for row, row_weights in enumerate(token_weights):
-        if not row_weights:
+    out = torch.full(segment_id.shape, float(fill), dtype=torch.float32)
+    for row, row_values in enumerate(values):
+        if not row_values:
             continue
-        table = torch.tensor(list(row_weights), dtype=torch.float32)
-        weights[row] = torch.where(valid[row], table[segment_id[row].clamp(0, len(table) - 1)], weights[row])
-    return weights * (num_tokens / num_roots)
+        table = torch.tensor(list(row_values), dtype=torch.float32)
+        out[row] = torch.where(valid[row], table[segment_id[row].clamp(0, len(table) - 1)], out[row])
+    return out
 
 
 class LossWeightCollator(async_grpo_trainer.DataCollatorForRollout):
@@ -98,6 +143,20 @@ class LossWeightCollator(async_grpo_trainer.DataCollatorForRollout):
     def torch_call(self, examples: list[Any]) -> dict[str, Any]:
         (rows,) = examples
         samples = [sample for row in rows for sample in row.samples]
+        for sample in samples:  # the policy version, out of the metrics before TRL logs them (once: idempotent)
+            if MODEL_VERSION_KEY in sample["metrics"]:
+                metrics = dict(sample["metrics"])
+                sample["trl_ext_model_version"] = metrics.pop(MODEL_VERSION_KEY)
+                sample["metrics"] = metrics
+        batch = self._weighted_call(examples, rows, samples)
+        if samples and all("trl_ext_model_version" in sample for sample in samples):
+            versions = [[sample["trl_ext_model_version"] for sample in row.samples] for row in rows]
+            batch[SAMPLE_VERSIONS_KEY] = per_token_sample_values(
+                batch["segment_id"], batch["token_index"], versions, fill=-1.0
+            )
+        return batch
+
+    def _weighted_call(self, examples: list[Any], rows: list[Any], samples: list[dict[str, Any]]) -> dict[str, Any]:
         weighted = [TOKEN_WEIGHT_KEY in sample["metrics"] or "trl_ext_token_weight" in sample for sample in samples]
         if not any(weighted):
             return super().torch_call(examples)
@@ -126,6 +185,9 @@ def loss_weight_collator() -> Iterator[None]:
     """While open, TRL's ``get_train_dataloader`` builds a `LossWeightCollator` (it names ``DataCollatorForRollout``
     from its module); restored on exit."""
     original = async_grpo_trainer.DataCollatorForRollout
+    if issubclass(original, LossWeightCollator):  # a method's collator (a subclass) is in place already
+        yield
+        return
     async_grpo_trainer.DataCollatorForRollout = LossWeightCollator
     try:
         yield

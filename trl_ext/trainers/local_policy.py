@@ -1,0 +1,130 @@
+"""`LocalPolicy`: the asynchronous trainers' sampler without a vLLM server, a copy of the policy in this process.
+
+TRL's `AsyncGRPOTrainer` samples from ``vllm serve`` and publishes each new policy to it through a
+``WeightTransferProtocol`` (``weight_transfer=``). `LocalPolicy` plays both sides in the trainer's own process:
+
+- it is a `trl_ext.rlm.Generator` (``generator=`` of a trl-ext asynchronous trainer): a copy of the model samples
+  with ``model.generate`` (`TransformersGenerator`, per-token log-probs of the processed scores, as vLLM's
+  ``processed_logprobs``), in the rollout worker's thread;
+- it is TRL's ``WeightTransferProtocol`` (``weight_transfer=``): on every sync TRL streams the policy's weights
+  (an adapter merged into the base weights first, as for vLLM) and they are copied into the sampling copy.
+
+``pause`` waits for the ``generate`` call in flight (one engine wave) and holds further calls until ``resume``, so a
+call never samples from half-copied weights. Staleness is real: the worker samples from the version last synced
+while the trainer trains on, exactly as against a server, and p_old is the sampling copy's log-probs.
+
+What it is for: small models and machines without vLLM (CPU tests, debugging, the staleness benchmark in
+``benchmarks/async_staleness.py``). Sampling with ``model.generate`` is far slower than vLLM for real models and
+shares this process's cores and memory with training (a second copy of the weights); use ``vllm serve`` for real
+runs. Sampling draws from torch's global random stream, which the training thread shares, so runs are not
+reproducible draw for draw (no asynchronous run is: which version samples what depends on timing).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from ..rlm.generators import Completion, SamplingSettings, TransformersGenerator
+
+__all__ = ["LocalPolicy"]
+
+
+class LocalPolicy:
+    """A sampling copy of the policy that receives the trainer's weights (module docstring).
+
+    Args:
+        model: a causal LM to copy for sampling (it is deep-copied, frozen and put in eval mode), or a path/Hub id
+            to load one from (float32).
+        tokenizer: the policy's tokenizer (pad and eos ids).
+        settings: how to sample (`SamplingSettings`; a trainer's are ``served_sampling_settings(args)``).
+        batch_size: prompts per ``generate`` call (None: one call for all of a wave's prompts).
+
+    Pass the same object as ``generator=`` and ``weight_transfer=`` to a trl-ext asynchronous trainer. It uses no
+    server, so the trainer does not probe ``vllm_server_base_url``.
+
+    Attributes:
+        model: the sampling copy.
+        version: syncs received so far.
+    """
+
+    uses_server = False  # read by `trl_ext.trainers.async_faults.watch_server`: nothing to probe
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        settings: SamplingSettings | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        import copy
+
+        from transformers import AutoModelForCausalLM
+
+        if isinstance(model, str):
+            model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+        else:
+            model = copy.deepcopy(model)
+        model.requires_grad_(False)
+        model.eval()
+        self.model = model
+        self.version = 0
+        self._generator = TransformersGenerator(model, tokenizer, settings=settings, batch_size=batch_size)
+        self._lock = threading.Lock()
+        self._names = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
+
+    # ------------------------------------------------------------------------------ trl_ext.rlm.Generator
+    def generate(self, prompts: Sequence[Sequence[int]]) -> list[Completion]:
+        """Sample a completion of each prompt from the weights last synced (waits while a sync is copying)."""
+        with self._lock:
+            return self._generator.generate(prompts)
+
+    # ------------------------------------------------------------------------------ TRL's WeightTransferProtocol
+    def init_weight_transfer(self) -> None:
+        """Nothing to set up: the weights are copied in process."""
+
+    def pause(self) -> None:
+        """Wait for the ``generate`` call in flight; hold the next ones until `resume`."""
+        self._lock.acquire()
+
+    def send_weights(self, iterator: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy the streamed ``(name, tensor)`` pairs (the base checkpoint's names) into the sampling copy.
+
+        A name the copy does not have, or a shape that differs, is an error naming it: the copy would otherwise
+        sample from weights the trainer no longer has.
+        """
+        state = self.model.state_dict(keep_vars=True)
+        try:
+            self._copy(state, iterator)
+        except BaseException:
+            if self._lock.locked():
+                self._lock.release()  # a failed sync ends training: never leave the worker's thread waiting
+            raise
+        self.version += 1
+
+    def _copy(self, state: dict[str, torch.Tensor], iterator: Iterable[tuple[str, torch.Tensor]]) -> None:
+        with torch.no_grad():
+            for name, tensor in iterator:
+                target = state.get(name)
+                if target is None or name not in self._names:
+                    raise KeyError(
+                        f"LocalPolicy received the weight {name!r}, which its sampling copy does not have: build it "
+                        "from the same architecture the trainer trains (the same model path)."
+                    )
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise ValueError(
+                        f"LocalPolicy received {name!r} with shape {tuple(tensor.shape)}; its copy has "
+                        f"{tuple(target.shape)}."
+                    )
+                target.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
+
+    def resume(self) -> None:
+        """Let ``generate`` calls run again (after `pause`)."""
+        self._lock.release()
+
+    def destroy(self) -> None:
+        """Nothing to release."""
