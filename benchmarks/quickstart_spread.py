@@ -47,6 +47,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _memory import tree_memory  # noqa: E402
 from _results import machine, write_section  # noqa: E402
 
 SECTION = "quickstart_spread"
@@ -104,23 +105,6 @@ class Run:
         return (self.after["child_correct_rate"] or 0.0) - (self.before["child_correct_rate"] or 0.0)
 
 
-def _tree_memory(process: psutil.Process) -> tuple[int, int]:
-    """(sum of RSS, sum of PSS) over ``process`` and its descendants, in bytes."""
-    rss = pss = 0
-    try:
-        members = [process, *process.children(recursive=True)]
-    except psutil.Error:
-        return 0, 0
-    for member in members:
-        try:
-            info = member.memory_full_info()
-        except psutil.Error:
-            continue
-        rss += info.rss
-        pss += info.pss
-    return rss, pss
-
-
 def run_one(seed: int, threads: int, kernels: str, workdir: Path, shared_cpus: bool) -> Run:
     """One quickstart in a fresh process with ``threads`` torch threads and ``kernels`` (an ``ATEN_CPU_CAPABILITY``
     value, or `NATIVE`); its numbers from ``trl_ext_run.json``."""
@@ -142,7 +126,7 @@ def run_one(seed: int, threads: int, kernels: str, workdir: Path, shared_cpus: b
         if pid == child.pid:
             child.returncode = os.waitstatus_to_exitcode(status)
             break
-        rss, pss = _tree_memory(watched)
+        rss, pss = tree_memory(watched)
         peak, peak_pss = max(peak, rss), max(peak_pss, pss)
         time.sleep(0.2)
     wall = time.perf_counter() - started

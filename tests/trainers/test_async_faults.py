@@ -248,3 +248,29 @@ def test_watch_server_wraps_the_workers_check_once(plain_model_dir, tmp_path):  
     watch = watch_server(trainer)
     assert isinstance(worker.check_health, ServerWatch) and watch_server(trainer) is watch
     assert watch.unreachable_after_s == trainer.args.vllm_server_timeout
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 6. TRL's own worker process stops ticking (a reward function that never returns): named, with the fix
+# ----------------------------------------------------------------------------------------------------------------
+def test_a_stalled_trl_worker_process_is_named_with_the_fix():
+    import multiprocessing
+
+    from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+
+    from trl_ext.trainers.async_seam.faults import check_rollout_child
+
+    context = multiprocessing.get_context("spawn")
+    worker = AsyncRolloutWorker.__new__(AsyncRolloutWorker)  # the process-facing state only: no server, no model
+    worker._heartbeat_value = context.Value("d", time.time())
+    worker._failed_event = context.Event()
+    worker._process = context.Process(target=time.sleep, args=(60,), daemon=True)
+    worker._process.start()
+    try:
+        check_rollout_child(worker, stale_after_s=30)  # fresh heartbeat: healthy
+        worker._heartbeat_value.value = time.time() - 45  # the child's loops stopped ticking 45 s ago
+        with pytest.raises(RuntimeError, match=r"made no progress for 4\d s .*reward function .*request_timeout"):
+            check_rollout_child(worker, stale_after_s=30)
+    finally:
+        worker._process.kill()
+        worker._process.join(timeout=10)

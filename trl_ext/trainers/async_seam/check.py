@@ -38,12 +38,13 @@ ASYNC_SEAM: dict[str, tuple[str, ...]] = {
     "_sync_weight": ("self",),  # AsyncSeam: a sync that cannot reach the server names it
 }
 # AsyncRolloutWorker (TRL's own worker) methods the seam wraps (`faults.guard_rollout_worker`) -> parameter names,
-# and the attributes it reads: ``_process`` (the spawned child, assigned in __init__ and start).
+# and the attributes it reads: ``_process`` (the spawned child, assigned in __init__ and start), ``_heartbeat_value``
+# (the child's last tick, wall-clock seconds) and ``_failed_event`` (set when the child failed with an exception).
 ROLLOUT_WORKER_SEAM: dict[str, tuple[str, ...]] = {
     "check_health": ("self", "stale_after_s"),
     "stop": ("self",),
 }
-ROLLOUT_WORKER_ATTRIBUTES: tuple[str, ...] = ("_process",)
+ROLLOUT_WORKER_ATTRIBUTES: tuple[str, ...] = ("_process", "_heartbeat_value", "_failed_event")
 # The leading parameters of AsyncGRPOTrainer.__init__ the seam passes on by position.
 INIT_PARAMETERS: tuple[str, ...] = ("self", "model", "reward_funcs", "args")
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import time
 from typing import Any
 
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
@@ -53,6 +54,14 @@ def check_rollout_child(worker: AsyncRolloutWorker, stale_after_s: float) -> Non
         raise RuntimeError(
             f"TRL's rollout worker process (pid {process.pid}) exited with code {code}{signal}; its traceback, if "
             "any, is above. Fix the cause, then resume from the last checkpoint (resume_from_checkpoint=True)."
+        )
+    age = time.time() - worker._heartbeat_value.value
+    if worker._heartbeat_value.value and age > stale_after_s and not worker._failed_event.is_set():
+        raise RuntimeError(
+            f"TRL's rollout worker process (pid {worker._process.pid}) made no progress for {age:.0f} s "
+            f"(heartbeat_stale_after_s={stale_after_s:.0f}): a reward function or tool that never returns, or a "
+            "request the server never answers, stops it. Bound the slow call (a timeout in the reward function; "
+            "request_timeout for the server), then resume from the last checkpoint (resume_from_checkpoint=True)."
         )
     AsyncRolloutWorker.check_health(worker, stale_after_s)
 
