@@ -4,6 +4,7 @@ of a micro-batch of whole trees equals the direct ``mean_g L_subtree(root_g)`` o
 
 from __future__ import annotations
 
+import json
 import math
 import queue
 import time
@@ -16,6 +17,7 @@ from trl.experimental.async_grpo.packing import TreeRow
 
 from trl_ext.rlm import RLMScaffoldConfig, ScriptedGenerator
 from trl_ext.testing import build_tiny_model_and_tokenizer
+from trl_ext.trainers import ExtAsyncGRPOConfig
 from trl_ext.trainers.async_rlm import (
     AsyncStepwiseRLMConfig,
     AsyncStepwiseRLMTrainer,
@@ -23,6 +25,7 @@ from trl_ext.trainers.async_rlm import (
     group_advantages,
     tree_samples,
 )
+from trl_ext.trainers.async_rlm.worker import TREES_FOLDER
 from trl_ext.trainers.async_seam import LossWeightCollator
 from trl_ext.trainers.stepwise_rlm_config import StepwiseRLMConfig
 
@@ -41,7 +44,7 @@ def model_dir(tmp_path_factory):
     return directory
 
 
-def make_trainer(model_dir, output_dir, generator=None, **overrides):
+def make_trainer(model_dir, output_dir, generator=None, reward_funcs=yes_reward, **overrides):
     settings = dict(
         output_dir=str(output_dir), max_depth=2, max_turns=4, num_generations=4, max_inflight_tasks=4,
         per_device_train_batch_size=14, token_budget=0, max_staleness=100, max_steps=1, max_completion_length=64, learning_rate=1e-2,
@@ -50,7 +53,7 @@ def make_trainer(model_dir, output_dir, generator=None, **overrides):
     settings.update(overrides)
     trainer = AsyncStepwiseRLMTrainer(
         str(model_dir),
-        yes_reward,
+        reward_funcs,
         args=AsyncStepwiseRLMConfig(**settings),
         train_dataset=DATASET,
         generator=generator,
@@ -190,6 +193,74 @@ def test_tree_samples_are_every_turn_with_its_weight(model_dir, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Rewards and rollout-tree files
+# ----------------------------------------------------------------------------------------------------------------
+def length_of_yes(completions, **kwargs):
+    """3 for the answer "yes"; no reward (None) for any other."""
+    return [len(text) if text.strip() == "yes" else None for text in completions]
+
+
+def test_reward_weights_weigh_each_function_in_the_sum(model_dir, tmp_path):
+    trainer = make_trainer(model_dir, tmp_path, reward_funcs=[yes_reward, length_of_yes], reward_weights=[2.0, -0.5])
+    worker = trainer.rollout_worker
+    samples = worker.rollout([DATASET[0]])
+    answers = [tree.final_answer for tree in worker.last_trees]
+    assert sorted(answers) == ["no", "no", "yes", "yes"]
+    # "yes": 2·1 − 0.5·3 = 0.5; "no": 2·0, its None from length_of_yes skipped = 0.0
+    expected = [0.5 if answer == "yes" else 0.0 for answer in answers]
+    firsts = samples[:: TURNS_PER_TREE["root task"]]  # each tree's first sample: the samples run tree by tree
+    assert [sample.metrics["reward"] for sample in firsts] == pytest.approx(expected)
+    assert [sample.advantage for sample in firsts] == pytest.approx(group_advantages(expected))
+    # the per-function metrics stay unweighted (NaN where a function gave no reward), as TRL logs them
+    assert [sample.metrics["rewards/yes_reward"] for sample in firsts] == [float(a == "yes") for a in answers]
+    lengths = [sample.metrics["rewards/length_of_yes"] for sample in firsts]
+    assert [value for value in lengths if not math.isnan(value)] == [3.0, 3.0]
+
+
+def test_reward_weights_of_the_wrong_length_are_refused_at_construction(model_dir, tmp_path):
+    with pytest.raises(ValueError, match=r"reward_weights=\[1.0, 2.0\] has 2 weight\(s\) for 1 reward function"):
+        make_trainer(model_dir, tmp_path, reward_weights=[1.0, 2.0])
+
+
+def test_each_run_writes_its_trees_and_a_resumed_run_never_reuses_a_file(model_dir, tmp_path):
+    trainer = make_trainer(model_dir, tmp_path)
+    worker = trainer.rollout_worker
+    folder = tmp_path / TREES_FOLDER
+    worker.update_model_version(3)
+    worker.rollout([DATASET[0]])
+    first_trees = worker.last_trees
+    worker.rollout([DATASET[1]])
+    first = folder / "train-v000003-run000000.jsonl"
+    assert sorted(path.name for path in folder.iterdir()) == [first.name, "train-v000003-run000001.jsonl"]
+    records = [json.loads(line) for line in first.read_text(encoding="utf-8").splitlines()]
+    tokenizer = trainer.processing_class
+    assert records == [json.loads(json.dumps(tree.to_dict(tokenizer), default=str)) for tree in first_trees]
+    assert sorted(record["final_answer"] for record in records) == ["no", "no", "yes", "yes"]
+    assert "Task: root task" in records[0]["nodes"][0]["turns"][0]["prompt_text"]
+    assert len(records[0]["nodes"]) == 6  # the root and its five descendants
+
+    # A resumed run: a new worker on the same folder, its version counter restored to the checkpoint's (3 again).
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    resumed = RLMRolloutWorker(
+        dataset=DATASET, reward_funcs=[yes_reward], tokenizer=tokenizer,
+        generator=VariantGenerator(tokenizer), scaffold=RLMScaffoldConfig(max_depth=2, max_turns=4),
+        num_generations=4, trees_dir=folder,
+    )  # fmt: skip
+    resumed.update_model_version(3)
+    resumed.rollout([DATASET[0]])
+    after = {path.name: path.read_bytes() for path in folder.iterdir()}
+    assert {name: after[name] for name in before} == before  # the earlier runs' files untouched
+    assert sorted(set(after) - set(before)) == ["train-v000003-run000002.jsonl"]
+    assert len(after["train-v000003-run000002.jsonl"].splitlines()) == 4
+
+
+def test_no_tree_files_without_save_rollout_trees(model_dir, tmp_path):
+    trainer = make_trainer(model_dir, tmp_path, save_rollout_trees=False)
+    trainer.rollout_worker.rollout([DATASET[0]])
+    assert not (tmp_path / TREES_FOLDER).exists()
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # The worker thread: training, faults
 # ----------------------------------------------------------------------------------------------------------------
 def test_trains_two_steps_on_the_worker_thread(model_dir, tmp_path):
@@ -270,7 +341,8 @@ def test_worker_that_keeps_failing_stops_and_check_health_names_the_cause(model_
 def test_config_shares_the_stepwise_names_and_meanings(tmp_path):
     config = AsyncStepwiseRLMConfig(output_dir=str(tmp_path), max_turns=3, repl_timeout_s=5.0)
     sync = StepwiseRLMConfig(output_dir=str(tmp_path))
-    for name in ("train_children", "child_sampling", "rlm_loss_normalization", "context_column", "scale_rewards"):
+    names = ("train_children", "child_sampling", "rlm_loss_normalization", "context_column", "scale_rewards")
+    for name in (*names, "reward_weights", "save_rollout_trees"):
         assert getattr(config, name) == getattr(sync, name)
         assert (
             AsyncStepwiseRLMConfig.__dataclass_fields__[name]
@@ -283,3 +355,19 @@ def test_config_shares_the_stepwise_names_and_meanings(tmp_path):
         AsyncStepwiseRLMConfig(output_dir=str(tmp_path), scale_rewards="batch")
     with pytest.raises(ValueError, match="child_sampling"):
         AsyncStepwiseRLMConfig(output_dir=str(tmp_path), child_sampling="some")
+
+
+def test_refuses_another_config_tools_and_a_dataset_without_prompts(model_dir, tmp_path):
+    with pytest.raises(TypeError, match=r"Pass args=trl_ext.trainers.AsyncStepwiseRLMConfig\(...\)"):
+        AsyncStepwiseRLMTrainer(
+            str(model_dir), yes_reward, args=ExtAsyncGRPOConfig(output_dir=str(tmp_path)), train_dataset=DATASET
+        )
+    args = AsyncStepwiseRLMConfig(output_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="tools are the RLM's REPL: do not pass environment_factory"):
+        AsyncStepwiseRLMTrainer(str(model_dir), yes_reward, args=args, train_dataset=DATASET, environment_factory=dict)
+    with pytest.raises(ValueError, match="needs a train_dataset with a 'prompt' column"):
+        AsyncStepwiseRLMTrainer(
+            str(model_dir), yes_reward, args=args, train_dataset=Dataset.from_dict({"task": ["a"]})
+        )
+    with pytest.raises(TypeError, match="pass callables"):
+        AsyncStepwiseRLMTrainer(str(model_dir), "a/reward-model", args=args, train_dataset=DATASET)

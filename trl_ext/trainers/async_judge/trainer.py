@@ -14,16 +14,13 @@ import logging
 import os
 from typing import Any
 
-from transformers import AutoTokenizer
-
 from ...judge.audit import JudgeAuditLog
 from ...judge.batch import judge_fix
 from ...judge.client import BackgroundEventLoop
 from ...judge.judge import SpanJudge
 from ...methods import METHODS
+from ..async_method import AsyncMethodTrainer
 from ..async_seam import token_credit_collator
-from ..async_worker import callable_reward_funcs, groups_per_run, install_served_generator
-from ..ext_async_grpo import ExtAsyncGRPOTrainer
 from ..judge_credit import configured_judge
 from .config import AsyncJudgeCreditConfig
 from .worker import JudgeRolloutWorker
@@ -36,7 +33,7 @@ AUDIT_FILE = "judge_audit.jsonl"
 PROBE_TIMEOUT_S = 10.0  # the longest the start-up check of the judge endpoint may take
 
 
-class AsyncJudgeCreditTrainer(ExtAsyncGRPOTrainer):
+class AsyncJudgeCreditTrainer(AsyncMethodTrainer):
     """GRPO with token-span LLM-judge credit on TRL's asynchronous trainer: ``A_t = A + cap_λ(c)_t``.
 
     Use like `ExtAsyncGRPOTrainer` with an [`AsyncJudgeCreditConfig`]: ``model`` is a path or Hub id served by
@@ -59,6 +56,13 @@ class AsyncJudgeCreditTrainer(ExtAsyncGRPOTrainer):
     # Worker runs in which every judge call failed before the outage warning becomes an error (as JudgeCreditTrainer).
     judge_outage_loud_batches = 5
 
+    config_class = AsyncJudgeCreditConfig
+    config_error = (
+        "AsyncJudgeCreditTrainer needs its judge settings: pass args=AsyncJudgeCreditConfig(output_dir=..., "
+        "judge_base_url=..., judge_model=...), got {got}."
+    )
+    dataset_error = "AsyncJudgeCreditTrainer needs a train_dataset with a 'prompt' column."
+
     def __init__(
         self,
         model: str,
@@ -72,55 +76,43 @@ class AsyncJudgeCreditTrainer(ExtAsyncGRPOTrainer):
         rollout_worker: Any = None,
         **kwargs: Any,
     ) -> None:
-        if not isinstance(args, AsyncJudgeCreditConfig):
-            raise TypeError(
-                "AsyncJudgeCreditTrainer needs its judge settings: pass args=AsyncJudgeCreditConfig(output_dir=..., "
-                f"judge_base_url=..., judge_model=...), got {type(args).__name__}."
-            )
-        if train_dataset is None or "prompt" not in train_dataset.column_names:
-            raise ValueError("AsyncJudgeCreditTrainer needs a train_dataset with a 'prompt' column.")
-        funcs = callable_reward_funcs("AsyncJudgeCreditTrainer", reward_funcs, rollout_worker)
-        judge, sandbox_info = configured_judge(args, judge)
-        self.judge = judge
-        if sandbox_info is not None:
-            self.sandbox_info = sandbox_info  # written to the run info
-        if processing_class is None:
-            processing_class = AutoTokenizer.from_pretrained(model)
-        self._audit = None
-        if args.judge_audit_log and args.output_dir:
-            self._audit = JudgeAuditLog(os.path.join(args.output_dir, AUDIT_FILE))
-        self._own_worker = rollout_worker is None
-        if rollout_worker is None:
-            rollout_worker = JudgeRolloutWorker(
-                dataset=train_dataset,
-                reward_funcs=funcs,
-                tokenizer=processing_class,
-                generator=generator,  # None: the served policy, set below once TRL knows how it syncs
-                judge=judge,
-                num_generations=args.num_generations,
-                groups_per_run=groups_per_run(args),
-                scale_rewards=args.scale_rewards,
-                judge_lambda=args.judge_lambda,
-                marker_every=args.marker_every,
-                verdict_reward=_verdict_reward_index(args.judge_verdict_reward, funcs),
-                answer_column=args.judge_answer_column,
-                solution_column=args.judge_solution_column,
-                audit=self._audit,
-                step=lambda: self.state.global_step,
-                queue_maxsize=args.queue_maxsize,
-                outage_loud_batches=self.judge_outage_loud_batches,
-                chat_template_kwargs=args.chat_template_kwargs,
-            )
+        self.judge = judge  # None: built from the config (set_up_method)
         super().__init__(
             model,
             reward_funcs,
             args,
-            train_dataset=train_dataset,
-            processing_class=processing_class,
+            train_dataset,
+            processing_class,
+            generator=generator,
             rollout_worker=rollout_worker,
             **kwargs,
         )
-        install_served_generator(self, generator)  # the served policy, once TRL knows how it syncs
+
+    def set_up_method(self, args):
+        """The judge (the one passed, or the config's) and the audit log."""
+        self.judge, sandbox_info = configured_judge(args, self.judge)
+        if sandbox_info is not None:
+            self.sandbox_info = sandbox_info  # written to the run info
+        self._audit = None
+        if args.judge_audit_log and args.output_dir:
+            self._audit = JudgeAuditLog(os.path.join(args.output_dir, AUDIT_FILE))
+
+    def build_rollout_worker(self, args, worker_kwargs):
+        return JudgeRolloutWorker(
+            **worker_kwargs,
+            judge=self.judge,
+            judge_lambda=args.judge_lambda,
+            marker_every=args.marker_every,
+            verdict_reward=_verdict_reward_index(args.judge_verdict_reward, worker_kwargs["reward_funcs"]),
+            answer_column=args.judge_answer_column,
+            solution_column=args.judge_solution_column,
+            audit=self._audit,
+            step=lambda: self.state.global_step,
+            outage_loud_batches=self.judge_outage_loud_batches,
+        )
+
+    def finish_set_up(self):
+        """The judge endpoint probed (advice only, `_probe_judge`)."""
         if self.accelerator.is_main_process:
             self._probe_judge()
 
@@ -129,11 +121,10 @@ class AsyncJudgeCreditTrainer(ExtAsyncGRPOTrainer):
         """Where the verdicts are appended (None when the audit log is off)."""
         return None if self._audit is None else self._audit.path
 
-    def get_train_dataloader(self):
-        """TRL's dataloader, its collator adding the samples' token credit to the advantages (and their loss
-        weights, if any) (`trl_ext.trainers.async_seam.credit`)."""
-        with token_credit_collator():
-            return super().get_train_dataloader()
+    def train_collation(self):
+        """TRL's collator adds the samples' token credit to the advantages (and their loss weights, if any)
+        (`trl_ext.trainers.async_seam.credit`)."""
+        return token_credit_collator()
 
     def _probe_judge(self) -> None:
         """Warn now when the judge endpoint does not answer or does not serve ``judge_model`` (advice only: a judge

@@ -29,7 +29,8 @@ class AsyncStepwiseRLMConfig(ScaffoldArguments, SandboxArguments, ExtAsyncGRPOCo
     trainer and ``loss_type``/``ipo_*``), the RLM scaffold (`trl_ext.rlm.scaffold.ScaffoldArguments`: ``max_turns``,
     ``max_depth``, ``max_children``, ``max_prompt_tokens``, ``rlm_<template>``, ...), the REPL sandbox
     (``repl_<name>``) and the stepwise fields of `StepwiseRLMConfig` (``train_children``, ``child_sampling``,
-    ``rlm_loss_normalization``, ``context_column``, ``scale_rewards``), same names, same meaning.
+    ``rlm_loss_normalization``, ``context_column``, ``scale_rewards``, ``reward_weights``, ``save_rollout_trees``), same
+    names, same meaning.
 
     Sampling follows TRL's async settings (``max_completion_length``, ``temperature``, ``top_p``, ``top_k``,
     ``min_p``, ``repetition_penalty``) against ``vllm_server_base_url``. ``max_prompt_tokens=None`` caps every turn's
@@ -46,6 +47,15 @@ class AsyncStepwiseRLMConfig(ScaffoldArguments, SandboxArguments, ExtAsyncGRPOCo
         "Group advantage",
         note="The rollout worker scores one group at a time, so 'batch' is not available here.",
         section=_SECTION,
+    )
+    reward_weights: list[float] | None = mirror_field(StepwiseRLMConfig, "reward_weights", "Rewards", section=_SECTION)
+    save_rollout_trees: bool = mirror_field(
+        StepwiseRLMConfig,
+        "save_rollout_trees",
+        "Stepwise RLM",
+        note="Here: one file per rollout-worker run, rlm_trees/train-v<policy version>-run<run>.jsonl, and no "
+        "completions table (docs/async.md).",
+        section="Data",
     )
 
     def __post_init__(self):

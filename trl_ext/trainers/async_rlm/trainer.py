@@ -12,32 +12,31 @@ as in `StepwiseRLMTrainer`: for ``"ipo"`` through the loss's ``weights=`` (its Ï
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
-
-from transformers import AutoTokenizer
+import os
 
 from ...methods import METHODS
 from ...rlm.sandbox import isolation_report, resolve_isolation
+from ..async_method import AsyncMethodTrainer
 from ..async_seam import LOSS_WEIGHTS_KEY, loss_weight_collator
-from ..async_worker import callable_reward_funcs, groups_per_run, install_served_generator
-from ..ext_async_grpo import ExtAsyncGRPOTrainer
 from ..prompt_cap import prompt_cap
 from .config import AsyncStepwiseRLMConfig
-from .worker import RLMRolloutWorker
+from .worker import TREES_FOLDER, RLMRolloutWorker
 
 __all__ = ["AsyncStepwiseRLMTrainer"]
 
 
-class AsyncStepwiseRLMTrainer(ExtAsyncGRPOTrainer):
+class AsyncStepwiseRLMTrainer(AsyncMethodTrainer):
     """Stepwise RLM training on TRL's asynchronous trainer: every turn of every node a sample, children weighted 1/k.
 
     Use like `ExtAsyncGRPOTrainer` with an [`AsyncStepwiseRLMConfig`]: ``model`` is a path or Hub id served by
     ``vllm serve`` at ``vllm_server_base_url`` (LoRA sync: start it with ``--enable-lora`` and
     ``--max-loras >= max_staleness + 2``). The dataset needs a ``prompt`` column and, optionally, the context
     column; reward functions get each root's final answer as the completion (a root that never answered gets 0),
-    plus the dataset columns and ``rlm_has_answer``. The rollout worker runs in a thread of this process, so reward
-    functions need not be picklable. Pass ``generator=`` (a `trl_ext.rlm.Generator`) to sample with something else
-    than the server (tests use a scripted one), or ``rollout_worker=`` to replace the worker.
+    plus the dataset columns and ``rlm_has_answer``; their rewards are summed with ``reward_weights``. The rollout
+    worker runs in a thread of this process, so reward functions need not be picklable. Pass ``generator=`` (a
+    `trl_ext.rlm.Generator`) to sample with something else than the server (tests use a scripted one), or
+    ``rollout_worker=`` to replace the worker. With ``save_rollout_trees`` every run's trees are written as JSON
+    lines under ``<output_dir>/rlm_trees/`` (`RLMRolloutWorker`).
 
     Metrics, besides TRL's and the loss's: ``rlm/turns_mean``, ``rlm/children_mean``, ``rlm/final_answer_rate``,
     ``rlm/rows_per_root``, ``rlm/depth_max``, ``repl/error_rate``, ``repl/timeout_rate``, ``repl/crash_rate``,
@@ -46,73 +45,44 @@ class AsyncStepwiseRLMTrainer(ExtAsyncGRPOTrainer):
     """
 
     model_card = METHODS["stepwise-rlm"]
+    config_class = AsyncStepwiseRLMConfig
+    config_error = "Pass args=trl_ext.trainers.AsyncStepwiseRLMConfig(...) (it holds the RLM settings)."
+    default_output_suffix = "AsyncStepwiseRLM"
+    tools_error = "AsyncStepwiseRLMTrainer's tools are the RLM's REPL: do not pass {name}."
+    dataset_error = "AsyncStepwiseRLMTrainer needs a train_dataset with a 'prompt' column (the tasks)."
 
-    def __init__(
-        self,
-        model: str,
-        reward_funcs: Any = None,
-        args: AsyncStepwiseRLMConfig | None = None,
-        train_dataset: Any = None,
-        processing_class: Any = None,
-        *,
-        generator: Any = None,
-        rollout_worker: Any = None,
-        **kwargs: Any,
-    ) -> None:
-        if args is None:
-            args = AsyncStepwiseRLMConfig(f"{model.rstrip('/').split('/')[-1]}-AsyncStepwiseRLM")
-        if not isinstance(args, AsyncStepwiseRLMConfig):
-            raise TypeError("Pass args=trl_ext.trainers.AsyncStepwiseRLMConfig(...) (it holds the RLM settings).")
-        for name in ("tools", "environment_factory"):
-            if kwargs.get(name) is not None:
-                raise ValueError(f"AsyncStepwiseRLMTrainer's tools are the RLM's REPL: do not pass {name}.")
-        if train_dataset is None or "prompt" not in train_dataset.column_names:
-            raise ValueError("AsyncStepwiseRLMTrainer needs a train_dataset with a 'prompt' column (the tasks).")
-        funcs = callable_reward_funcs("AsyncStepwiseRLMTrainer", reward_funcs, rollout_worker)
-        if processing_class is None:
-            processing_class = AutoTokenizer.from_pretrained(model)
-        scaffold = args.scaffold_config()
-        resolve_isolation(scaffold.sandbox)  # isolation="strict" fails now; "auto" warns once if weaker
-        self.sandbox_info = isolation_report(scaffold.sandbox)
-        self._own_worker = rollout_worker is None
-        if rollout_worker is None:
-            rollout_worker = RLMRolloutWorker(
-                dataset=train_dataset,
-                reward_funcs=funcs,
-                tokenizer=processing_class,
-                generator=generator,  # None: the served policy, set below once TRL knows how it syncs
-                scaffold=scaffold,
-                num_generations=args.num_generations,
-                groups_per_run=groups_per_run(args),
-                context_column=args.context_column,
-                scale_rewards=args.scale_rewards,
-                weighted=args.rlm_loss_normalization == "subtree",
-                train_children=args.train_children,
-                child_sampling=args.child_sampling,
-                queue_maxsize=args.queue_maxsize,
-                seed=args.seed,
-                chat_template_kwargs=args.chat_template_kwargs,
-            )
-        super().__init__(
-            model,
-            reward_funcs,
-            args,
-            train_dataset=train_dataset,
-            processing_class=processing_class,
-            rollout_worker=rollout_worker,
-            **kwargs,
+    def set_up_method(self, args):
+        """Checks the REPL sandbox now: ``isolation="strict"`` fails here, ``"auto"`` warns once if weaker."""
+        sandbox = args.scaffold_config().sandbox
+        resolve_isolation(sandbox)
+        self.sandbox_info = isolation_report(sandbox)  # written to the run info
+
+    def build_rollout_worker(self, args, worker_kwargs):
+        return RLMRolloutWorker(
+            **worker_kwargs,
+            scaffold=args.scaffold_config(),
+            context_column=args.context_column,
+            reward_weights=args.reward_weights,
+            weighted=args.rlm_loss_normalization == "subtree",
+            train_children=args.train_children,
+            child_sampling=args.child_sampling,
+            trees_dir=os.path.join(args.output_dir, TREES_FOLDER) if args.save_rollout_trees else None,
+            seed=args.seed,
         )
-        install_served_generator(self, generator)  # the served policy, once TRL knows how it syncs
-        if self._own_worker and scaffold.max_prompt_tokens is None and self.rollout_worker is not None:
-            cap = prompt_cap(None, self.model, args)  # the model's positions minus max_completion_length
-            if cap is not None:
-                self.rollout_worker.scaffold = dataclasses.replace(scaffold, max_prompt_tokens=cap)
 
-    def get_train_dataloader(self):
-        """TRL's dataloader, its collator adding the samples' per-token ``loss_weights``
-        (`trl_ext.trainers.async_seam.weights`)."""
-        with loss_weight_collator():
-            return super().get_train_dataloader()
+    def finish_set_up(self):
+        """``max_prompt_tokens=None`` caps the turns' prompts at the model's positions minus
+        ``max_completion_length`` (known now that the model is loaded)."""
+        worker = self.rollout_worker
+        if not self._own_worker or worker is None or worker.scaffold.max_prompt_tokens is not None:
+            return
+        cap = prompt_cap(None, self.model, self.args)
+        if cap is not None:
+            worker.scaffold = dataclasses.replace(worker.scaffold, max_prompt_tokens=cap)
+
+    def train_collation(self):
+        """TRL's collator adds the samples' per-token ``loss_weights`` (`trl_ext.trainers.async_seam.weights`)."""
+        return loss_weight_collator()
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """`ExtAsyncGRPOTrainer`'s loss; under "subtree" a batch must carry the samples' loss weights."""

@@ -16,16 +16,26 @@ Faults. A REPL error, timeout or crash is the engine's to contain: it ends up in
 A failing run (the generator, a reward function) is logged with its traceback, counted in
 ``rlm/worker_errors_total`` and retried with the next prompts; ``max_consecutive_errors`` failures in a row stop the
 thread, and then `check_health` (called by the trainer while it waits for samples) raises with the cause.
+
+Rollout trees. With ``trees_dir``, every run's trees are appended, one JSON line each (`RolloutTree.to_dict`, as
+`StepwiseRLMTrainer` writes them), to ``<trees_dir>/train-v<version>-run<run>.jsonl`` before they are scored: the
+policy version the run started from and the run's number. The numbering continues after the highest run already in
+the folder, so a resumed run (whose version counter restarts at the checkpoint's) writes new files and never adds
+to, or overwrites, an earlier run's.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import random
+import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+from ...jsonl import append_jsonl
 from ...rlm import RLMEngine, RLMScaffoldConfig, RLMTask, RolloutTree
 from ...rlm.generators import CanonicalOrderGenerator, Completion, Generator
 from ...text import last_user_text
@@ -34,7 +44,10 @@ from .samples import group_advantages, tree_samples
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RLMRolloutWorker"]
+__all__ = ["TREES_FOLDER", "RLMRolloutWorker"]
+
+TREES_FOLDER = "rlm_trees"  # under output_dir, as StepwiseRLMTrainer's
+_TREE_FILE = re.compile(r"train-v\d+-run(?P<run>\d+)\.jsonl")
 
 
 class _Heartbeat:
@@ -58,7 +71,8 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
         dataset: rows with a ``prompt`` (a string, or chat messages: the last user message is the task) and,
             optionally, ``context_column``; every column is passed to the reward functions.
         reward_funcs: TRL reward functions (``prompts``, ``completions``, ``completion_ids`` and the dataset
-            columns as keyword lists, plus ``rlm_has_answer``); rewards of several functions are summed (None: skipped).
+            columns as keyword lists, plus ``rlm_has_answer``); rewards of several functions are summed with
+            ``reward_weights`` (None: skipped).
         tokenizer: the policy's tokenizer (with a chat template).
         generator: the policy's sampler (`trl_ext.rlm.Generator`); when it has ``update_model_version`` (e.g.
             `ServedPolicyGenerator`), the worker forwards each new version to it.
@@ -67,8 +81,11 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
         groups_per_run: prompts whose trees one engine run samples together (their generations share waves).
         context_column: the dataset column with each task's REPL context (absent: the prompt is the context).
         scale_rewards: ``"group"`` or ``"none"`` (`group_advantages`).
+        reward_weights: one weight per reward function, in their order (None: every weight 1), as TRL's
+            ``reward_weights``: a root's reward is the weighted sum of its functions' rewards.
         weighted: carry the "subtree" loss weights (``rlm_loss_normalization="subtree"``).
         train_children, child_sampling: which nodes are trained (`trl_ext.advantages.trained_node_weights`).
+        trees_dir: the folder every run's trees are written to (module docstring); None: not written.
         queue_maxsize: bound of ``rollout_buffer`` (0: unbounded).
         max_consecutive_errors: failed runs in a row that stop the worker.
         seed: seeds the ``child_sampling="one"`` draws.
@@ -78,6 +95,7 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
         rollout_buffer, metrics_queue: what TRL's trainer drains (``RolloutWorkerProtocol``).
         model_version: the version last published by the trainer.
         errors: failed runs so far; groups: groups scored so far; last_trees: the trees of the last run.
+        runs: the number the next run's tree file gets (past the folder's files when the worker was built).
     """
 
     worker_name = "RLM"
@@ -96,9 +114,11 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
         groups_per_run: int = 1,
         context_column: str = "context",
         scale_rewards: str = "group",
+        reward_weights: Sequence[float] | None = None,
         weighted: bool = True,
         train_children: bool = True,
         child_sampling: str = "all",
+        trees_dir: str | os.PathLike[str] | None = None,
         queue_maxsize: int = 0,
         max_consecutive_errors: int = 3,
         seed: int = 0,
@@ -117,17 +137,21 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
         self.scaffold = scaffold
         self.context_column = context_column
         self.scale_rewards = scale_rewards
+        self.reward_weights = _checked_weights(reward_weights, self.reward_func_names)
         self.weighted = weighted
         self.train_children = train_children
         self.child_sampling = child_sampling
         self.chat_template_kwargs = chat_template_kwargs
         self.last_trees: list[RolloutTree] = []  # the trees of the last run (for inspection)
+        self.trees_dir = None if trees_dir is None else Path(trees_dir)
+        self.runs = _next_run(self.trees_dir)
         self._rng = random.Random(seed)
 
     # ------------------------------------------------------------------------------ one run
     def rollout(self, rows: Sequence[dict[str, Any]]) -> list[Any]:
         """Sample, score and turn into samples ``num_generations`` trees for each of ``rows`` (one engine run)."""
         version = self.model_version  # the version of the trees' first turns (module docstring)
+        run, self.runs = self.runs, self.runs + 1
         tasks = [
             RLMTask(prompt=last_user_text(row["prompt"]), context=row.get(self.context_column))
             for row in rows
@@ -137,6 +161,8 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
         engine = RLMEngine(generator, self.tokenizer, self.scaffold, chat_template_kwargs=self.chat_template_kwargs)
         trees = engine.run(tasks)
         self.last_trees = trees
+        if self.trees_dir is not None:
+            self._save_trees(trees, version, run)
         samples: list[Any] = []
         for index, row in enumerate(rows):
             group = trees[index * self.num_generations : (index + 1) * self.num_generations]
@@ -148,7 +174,13 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
         answers = [tree.final_answer for tree in trees]
         per_func = self._rewards(row, answers)
         rewards = [
-            0.0 if answer is None else math.fsum(value for value in values if not math.isnan(value))
+            0.0
+            if answer is None
+            else math.fsum(
+                weight * value
+                for weight, value in zip(self.reward_weights, values, strict=True)
+                if not math.isnan(value)
+            )
             for answer, values in zip(answers, zip(*per_func, strict=True), strict=True)
         ]
         advantages = group_advantages(rewards, self.scale_rewards)
@@ -187,6 +219,15 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
         )
         return reward_table(self.reward_funcs, self.reward_func_names, kwargs, size)
 
+    def _save_trees(self, trees: list[RolloutTree], version: int, run: int) -> None:
+        """Append the run's trees to its file (`trl_ext.jsonl.append_jsonl`: all or none); a failed write is a
+        warning, and the run goes on."""
+        path = self.trees_dir / f"train-v{version:06d}-run{run:06d}.jsonl"
+        try:
+            append_jsonl(path, [tree.to_dict(self.tokenizer) for tree in trees])
+        except OSError as error:
+            logger.warning("Rollout trees of run %d not saved to %s (training goes on): %s", run, path, error)
+
     def _push_run_metrics(self, trees: list[RolloutTree], stats: Any, num_samples: int) -> None:
         roots = len(trees)
         nodes = sum(len(tree.nodes) for tree in trees)
@@ -205,3 +246,23 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
             metrics["repl/timeout_rate"] = (float(stats.repl_timeouts), cells)
             metrics["repl/crash_rate"] = (float(stats.repl_crashes), cells)
         self._push_metrics(metrics)
+
+
+def _checked_weights(reward_weights: Sequence[float] | None, names: Sequence[str]) -> list[float]:
+    """``reward_weights`` as floats, one per reward function (None: all 1)."""
+    if reward_weights is None:
+        return [1.0] * len(names)
+    if len(reward_weights) != len(names):
+        raise ValueError(
+            f"reward_weights={list(reward_weights)} has {len(reward_weights)} weight(s) for {len(names)} reward "
+            f"function(s) {list(names)}: give one weight per reward function, in their order, or None (every weight 1)."
+        )
+    return [float(weight) for weight in reward_weights]
+
+
+def _next_run(folder: Path | None) -> int:
+    """The number after the highest run of the tree files in ``folder`` (0 for none, or no folder)."""
+    if folder is None or not folder.is_dir():
+        return 0
+    runs = [int(match["run"]) for path in folder.iterdir() if (match := _TREE_FILE.fullmatch(path.name))]
+    return max(runs, default=-1) + 1

@@ -26,12 +26,10 @@ from typing import Any
 
 import torch
 from accelerate import PartialState
-from transformers import AutoTokenizer
 
 from ...methods import METHODS
 from ...rewards.rlmt import ORIGINAL_PROMPT_COLUMN, RewardModelScorer, rlmt_format_dataset
-from ..async_worker import groups_per_run, install_served_generator
-from ..ext_async_grpo import ExtAsyncGRPOTrainer
+from ..async_method import AsyncMethodTrainer
 from ..requirements import check_trainer_inputs
 from .config import AsyncRLMTConfig
 from .worker import RLMTRolloutWorker
@@ -62,7 +60,7 @@ def reward_model_scorer(args: Any) -> RewardModelScorer:
     )
 
 
-class AsyncRLMTTrainer(ExtAsyncGRPOTrainer):
+class AsyncRLMTTrainer(AsyncMethodTrainer):
     """RLMT on TRL's asynchronous trainer: the policy plans in ``<think>``, a reward model scores the response only.
 
     Use like `ExtAsyncGRPOTrainer` with an [`AsyncRLMTConfig`]: ``model`` is a path or Hub id served by ``vllm serve``
@@ -83,30 +81,18 @@ class AsyncRLMTTrainer(ExtAsyncGRPOTrainer):
 
     model_card = METHODS["rlmt"]
 
-    def __init__(
-        self,
-        model: str,
-        reward_funcs: Any = None,
-        args: AsyncRLMTConfig | None = None,
-        train_dataset: Any = None,
-        processing_class: Any = None,
-        *,
-        generator: Any = None,
-        rollout_worker: Any = None,
-        **kwargs: Any,
-    ) -> None:
-        if args is None:
-            args = AsyncRLMTConfig(f"{model.rstrip('/').split('/')[-1]}-AsyncRLMT")
-        if not isinstance(args, AsyncRLMTConfig):
-            raise TypeError(
-                f"AsyncRLMTTrainer needs args=trl_ext.trainers.AsyncRLMTConfig(...) (the format and reward-model "
-                f"settings), got {type(args).__name__}."
-            )
-        for name in ("tools", "environment_factory"):
-            if kwargs.get(name) is not None:
-                raise ValueError(f"AsyncRLMTTrainer samples single-turn completions: do not pass {name}.")
-        if train_dataset is None or "prompt" not in (getattr(train_dataset, "column_names", None) or []):
-            raise ValueError("AsyncRLMTTrainer needs a train_dataset (a datasets.Dataset) with a 'prompt' column.")
+    config_class = AsyncRLMTConfig
+    config_error = (
+        "AsyncRLMTTrainer needs args=trl_ext.trainers.AsyncRLMTConfig(...) (the format and reward-model settings), "
+        "got {got}."
+    )
+    default_output_suffix = "AsyncRLMT"
+    tools_error = "AsyncRLMTTrainer samples single-turn completions: do not pass {name}."
+    dataset_error = "AsyncRLMTTrainer needs a train_dataset (a datasets.Dataset) with a 'prompt' column."
+
+    def method_inputs(self, args, train_dataset, reward_funcs, rollout_worker, trainer_kwargs):
+        """A bare reward model refused; the dataset rewritten into the RLMT format (``apply_rlmt_format``); with
+        ``reward_funcs=None``, the `RewardModelScorer` of ``reward_model_name_or_path``."""
         for func in reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]:
             if isinstance(func, (str, torch.nn.Module)):
                 raise TypeError(
@@ -123,43 +109,25 @@ class AsyncRLMTTrainer(ExtAsyncGRPOTrainer):
             )
         # Rollouts run on the main process only (TRL's rule), so the reward model is loaded there only; a missing
         # reward fails on every process.
-        main_process = PartialState().is_main_process
         if reward_funcs is None and rollout_worker is None:
-            if args.reward_model_name_or_path is None or main_process:
+            if args.reward_model_name_or_path is None or PartialState().is_main_process:
                 reward_funcs = reward_model_scorer(args)
         if reward_funcs is None:
             funcs = []
         else:
             funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        check_trainer_inputs("AsyncRLMTTrainer", funcs, (train_dataset,), kwargs)
-        if processing_class is None:
-            processing_class = AutoTokenizer.from_pretrained(model)
-        self._own_worker = rollout_worker is None
-        if rollout_worker is None and main_process:
-            rollout_worker = RLMTRolloutWorker(
-                dataset=train_dataset,
-                reward_funcs=funcs,
-                tokenizer=processing_class,
-                generator=generator,  # None: the served policy, set below once TRL knows how it syncs
-                num_generations=args.num_generations,
-                groups_per_run=groups_per_run(args),
-                stop_strings=args.stop_strings,
-                scale_rewards=args.scale_rewards,
-                queue_maxsize=args.queue_maxsize,
-                chat_template_kwargs=args.chat_template_kwargs,
-            )
-        super().__init__(
-            model,
-            funcs,
-            args,
-            train_dataset=train_dataset,
-            processing_class=processing_class,
-            rollout_worker=rollout_worker,
-            **kwargs,
+        check_trainer_inputs("AsyncRLMTTrainer", funcs, (train_dataset,), trainer_kwargs)
+        return train_dataset, funcs
+
+    def build_rollout_worker(self, args, worker_kwargs):
+        if not PartialState().is_main_process:
+            return None  # TRL runs the rollouts on the main process; the reward model is loaded there only
+        return RLMTRolloutWorker(
+            **worker_kwargs,
+            stop_strings=args.stop_strings,
         )
-        install_served_generator(  # TRL's async sampling fields, and the stop strings
-            self,
-            generator,
-            group_requests=True,
-            generation_kwargs={"stop": list(args.stop_strings)} if args.stop_strings else {},
-        )
+
+    def served_generator_options(self):
+        """A group's completions in one request, with the stop strings as vLLM's ``stop``."""
+        stop = self.args.stop_strings
+        return {"group_requests": True, "generation_kwargs": {"stop": list(stop)} if stop else {}}
