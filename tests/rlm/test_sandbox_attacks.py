@@ -524,7 +524,7 @@ def test_6_check_equivalent_input_cannot_run_code_or_change_later_checks():
             answers = []
             for a in ("__import__('os').system('id')", "(lambda: 0)()", "x.func", "exec(chr(49))", "1\nimport os"):
                 answers.append(await tools.call("check_equivalent", {"a": a, "b": "1"}))
-            # no builtins where expressions are evaluated; a check that mutates sympy dies with its forked child
+            # a name outside the grammar's is a product of one-letter symbols (S*y*m*...): nothing is called
             answers.append(await tools.call("check_equivalent", {"a": "Symbol(x)", "b": "x"}))
             answers.append(await tools.call("check_equivalent", {"a": "1", "b": "2"}))
             return answers

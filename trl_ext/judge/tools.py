@@ -8,23 +8,29 @@ timeout) comes back to the judge as ``"error: ..."`` so it can correct itself wi
 the same `SandboxLimits`): one persistent interpreter per judge conversation for ``run_python`` (variables survive
 between the judge's calls), and another one for ``check_equivalent``, which ``run_python`` code cannot reach (its own
 private uid, PID and mount namespaces): code run by the judge cannot patch what decides equivalence. The judge has
-read text the policy wrote, so none of it runs in the trainer's process. sympy's ``parse_expr`` evaluates its input,
-so ``check_equivalent`` accepts math text only (no quotes, ``__``, attribute access or statements), evaluates it
-without builtins, and in a child process forked for that one check: nothing a check does outlives it.
+read text the policy wrote, so none of it runs in the trainer's process. ``check_equivalent`` never evaluates its
+input: `trl_ext.judge.math_expr` reads it with an allow-list grammar (numbers, single-letter symbols, + - * / ^, a
+fixed set of functions, LaTeX read by the tokenizer itself), refuses anything else and anything over its size
+limits, and builds the sympy expression from the parse; the simplification runs in a child process of the checker's
+sandbox forked for that one check and killed at the time limit: nothing a check does outlives it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
-import re
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from . import math_expr
 from .markers import MarkedTrace
+from .math_expr import MathSyntaxError, parse_math
 
 logger = logging.getLogger(__name__)
+
+_MATH_EXPR_SOURCE = inspect.getsource(math_expr)  # sent to the checker's sandbox, which cannot import trl_ext
 
 TOOL_NAMES = ("view_tokens", "search_trace", "run_python", "check_equivalent")
 
@@ -60,8 +66,10 @@ _TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
         },
     },
     "check_equivalent": {
-        "description": "Check with sympy whether two math expressions are equal (plain or simple LaTeX: \\frac, "
-        "\\sqrt, ^, \\cdot, \\pi). Answers 'equivalent', 'not equivalent' or why it could not decide.",
+        "description": "Check with sympy whether two math expressions are equal. Math only: numbers, "
+        "single-letter symbols (e is Euler's number), + - * / ^ =, brackets, |x|, sin cos tan cot sec csc arcsin "
+        "arccos arctan sinh cosh tanh exp ln log sqrt abs, and simple LaTeX (\\frac, \\sqrt, \\cdot, \\times, "
+        "\\pi, \\log_b). Answers 'equivalent', 'not equivalent' or why it could not decide.",
         "parameters": {
             "type": "object",
             "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
@@ -136,67 +144,25 @@ class ReplSandbox:
             await asyncio.to_thread(repl.close)
 
 
-# Runs inside the checker's own sandbox. The parse and the simplification happen in a child forked for this one check
-# (the sandbox's interpreter only imports sympy and waits), so whatever an expression does dies with the child. The
-# sandbox's interpreter makes itself non-dumpable first: a forked child cannot write its memory through /proc.
+# Runs inside the checker's own sandbox, on two expression trees that `math_expr.parse_math` made of the judge's text
+# (the text itself never enters the sandbox): `math_expr.to_sympy` (the module's source, sent with each check) builds
+# the sympy expressions and sympy simplifies their difference, in a child forked for this one check, so whatever the
+# check does dies with the child and a slow one is killed at the time limit. The sandbox's interpreter makes itself
+# non-dumpable first: a forked child cannot write its memory through /proc.
 _CHECK_EQUIVALENT = r"""
-def __trl_ext_check_equivalent(a, b, timeout):
+def __trl_ext_check_equivalent(math_expr_source, trees, timeout):
     import os, select, signal, time
     import sympy
-    from sympy.parsing.sympy_parser import (
-        convert_xor, implicit_multiplication_application, parse_expr, standard_transformations,
-    )
     try:
         import ctypes
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
     except Exception:
         pass
-    transforms = standard_transformations + (implicit_multiplication_application, convert_xor)
-    namespace = {{}}
-    exec("from sympy import *", namespace)
-    namespace["__builtins__"] = {{}}  # what parse_expr evaluates sees sympy's names and nothing else
-
-    def braced(s, i):
-        depth = 0
-        for j in range(i, len(s)):
-            depth += {{"{{": 1, "}}": -1}}.get(s[j], 0)
-            if depth == 0:
-                return s[i + 1 : j], j + 1
-        raise ValueError("unbalanced braces")
-
-    def latex(s):
-        s = s.strip().strip("$").strip()
-        for macro in ("\\boxed", "\\text", "\\mathrm"):
-            while macro + "{{" in s:
-                i = s.index(macro + "{{")
-                inner, k = braced(s, i + len(macro))
-                s = s[:i] + inner + s[k:]
-        while "\\frac{{" in s or "\\dfrac{{" in s:
-            i = s.index("\\dfrac{{") if "\\dfrac{{" in s else s.index("\\frac{{")
-            numerator, k = braced(s, s.index("{{", i))
-            denominator, k = braced(s, k)
-            s = s[:i] + "((" + numerator + ")/(" + denominator + "))" + s[k:]
-        while "\\sqrt{{" in s:
-            i = s.index("\\sqrt{{")
-            inner, k = braced(s, i + 5)
-            s = s[:i] + "sqrt(" + inner + ")" + s[k:]
-        for old, new in (("\\left", ""), ("\\right", ""), ("\\cdot", "*"), ("\\times", "*"), ("\\pi", "pi"),
-                         ("\\infty", "oo"), ("\\,", ""), ("{{", "("), ("}}", ")")):
-            s = s.replace(old, new)
-        return s
-
-    def parse(s):
-        s = latex(s)
-        if "=" in s:
-            left, right = s.split("=", 1)
-            return parse(left) - parse(right)
-        return parse_expr(s, local_dict={{}}, global_dict=namespace, transformations=transforms)
+    math_expr = {{"__name__": "trl_ext_math_expr"}}
+    exec(math_expr_source, math_expr)
 
     def verdict():
-        try:
-            x, y = parse(a), parse(b)
-        except Exception as error:
-            return f"could not parse: {{type(error).__name__}} {{error}}"
+        x, y = (math_expr["to_sympy"](tree) for tree in trees)
         difference = sympy.simplify(x - y)
         return "equivalent" if difference == 0 else f"not equivalent: a - b simplifies to {{difference}}"
 
@@ -229,10 +195,6 @@ def __trl_ext_check_equivalent(a, b, timeout):
 __trl_ext_check_equivalent(*{payload})
 del __trl_ext_check_equivalent
 """
-
-# What an expression given to check_equivalent may not contain: it is evaluated, so no strings, dunders, attribute
-# access, lambdas/slices/statements or comments.
-_NOT_MATH = re.compile(r"""__|['"`;:@#\n\r]|\.\s*[A-Za-z_]""")
 
 
 class JudgeTools:
@@ -340,11 +302,16 @@ class JudgeTools:
         await asyncio.gather(self.python.aclose(), self.checker.aclose())
 
     async def check_equivalent(self, a: str, b: str) -> str:
+        """Whether ``a`` and ``b`` are equal by sympy; each is read by `math_expr.parse_math` (its grammar and
+        limits; refused input raises `ValueError` with the reason) and only the parsed trees reach the sandbox."""
+        trees = []
         for name, text in (("a", a), ("b", b)):
-            if _NOT_MATH.search(text):
+            try:
+                trees.append(parse_math(text))
+            except MathSyntaxError as error:
                 raise ValueError(
-                    f"{name} is not a math expression: check_equivalent evaluates its input, so quotes, '__', "
-                    "attribute access, ':', ';', '#' and newlines are refused. Use run_python for code."
-                )
-        code = _CHECK_EQUIVALENT.format(payload=repr([a, b, self.python_timeout]))
+                    f"{name} is not a math expression: {error}. check_equivalent reads math only; use run_python "
+                    "for anything else."
+                ) from None
+        code = _CHECK_EQUIVALENT.format(payload=repr([_MATH_EXPR_SOURCE, trees, self.python_timeout]))
         return (await self.checker.run(code, self.python_timeout + 5)).strip()
