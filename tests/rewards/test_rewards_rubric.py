@@ -120,11 +120,12 @@ def test_data_is_fenced_by_a_fresh_nonce_per_request():
         reward = RubricJudgeReward(base_url=server.base_url, model="judge", **FAST)
         call(reward, ["q", "q"], [injection, injection], answer=["a", "a"])
         requests = server.requests
-    nonces = {re.search(r"<<<(DATA-[0-9a-f]{12}) QUERY", r["messages"][1]["content"]).group(1) for r in requests}
+    nonces = {re.search(r"<<<(DATA-[0-9a-f]{16}) QUERY", r["messages"][1]["content"]).group(1) for r in requests}
     assert len(nonces) == 2  # one per request
     for request in requests:
-        assert prediction_of(request) == injection  # the whole injection stays inside its block
-        nonce = re.search(r"<<<(DATA-[0-9a-f]{12})", request["messages"][1]["content"]).group(1)
+        # The whole injection stays inside its block, its forged closing line defanged.
+        assert prediction_of(request) == injection.replace("DATA-000000000000>>>", "[delimiter removed]")
+        nonce = re.search(r"<<<(DATA-[0-9a-f]{16})", request["messages"][1]["content"]).group(1)
         assert nonce in request["messages"][0]["content"]  # the system prompt names the fence
 
 
@@ -138,7 +139,7 @@ def test_malformed_reply_is_repaired_once_then_parsed():
     assert len(requests) == 2
     repair = requests[1]["messages"]
     assert repair[-2] == {"role": "assistant", "content": "I would say it is mostly right."}
-    assert "did not contain valid scores" in repair[-1]["content"]
+    assert "could not be read as your scores (no 'precision' score found)" in repair[-1]["content"]
     assert reward.stats.repaired == 1 and reward.stats.ok == 1
     reward.close()
 

@@ -170,6 +170,19 @@ ALERTS: dict[str, AlertText] = {
         "What to do: check the judge server's logs, raise the timeout or lower the concurrency, and test the judge "
         "prompt on a few traces.",
     ),
+    "judge_injection": AlertText(
+        meaning="the policy writes verdict-shaped JSON or forged data delimiters for the judge to quote, or the "
+        "judge's replies hold several different verdicts: reward hacking through the judge",
+        check="the flagged rollouts in judge_audit.jsonl (injection_suspected), the completions, "
+        "judge/injection_suspected",
+        message="Suspected judge injection: {value:g} rollouts in this log (above {judge_injection_max} for {streak} "
+        "logs) hold a forged verdict or data delimiter, or got a judge reply with several different verdicts. "
+        "Forged verdicts are never credited (the judge's own verdict is read from its tool call or structured "
+        "output, and a reply holding two verdicts is refused), but a policy that learns to write them is "
+        "searching for a path to reward through the judge. What to do: read the flagged completions; if the "
+        "judge's replies are refused often, enable structured output on the judge endpoint "
+        "(judge_structured_output='on') so its verdict never travels as free text.",
+    ),
     "stale_rollouts": AlertText(
         meaning="an asynchronous run throws away many rollouts as too old (more than half by default), or trains "
         "only on samples at the max_staleness limit while dropping others: generation is wasted",

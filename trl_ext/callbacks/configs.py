@@ -225,8 +225,9 @@ class RewardMonitorConfig(_Config):
     """Settings of `RewardMonitor`: reward collapse after a rise, no learning signal, judge failures.
 
     Collapse: ``smoothing``, ``min_rise``, ``max_drop``, ``collapse_patience``, ``min_drop_sigmas``.
-    Signal: ``zero_std_max``, ``zero_std_patience``. Judge: ``judge_failure_max``, ``judge_patience``.
-    Wiring: ``reward_metric``, ``zero_std_metric``, ``judge_failure_metric``.
+    Signal: ``zero_std_max``, ``zero_std_patience``. Judge: ``judge_failure_max``, ``judge_patience``,
+    ``judge_injection_max``, ``judge_injection_patience``.
+    Wiring: ``reward_metric``, ``zero_std_metric``, ``judge_failure_metric``, ``judge_injection_metric``.
     """
 
     smoothing: int = documented(5, "Logs in the moving average of the reward.")
@@ -250,12 +251,23 @@ class RewardMonitorConfig(_Config):
         0.2, "Judge failure ratio above this fires judge_failure; None disables the rule."
     )
     judge_patience: int = documented(2, "Consecutive logs before judge_failure.")
+    judge_injection_max: float | None = documented(
+        None,
+        "Suspected judge injections per log above this fire judge_injection (0: any); None (the default) disables "
+        "the rule, which a task whose answers are JSON with the judge's field names would fire on a healthy run.",
+    )
+    judge_injection_patience: int = documented(1, "Consecutive logs before judge_injection.")
     reward_metric: str = documented("reward", "Logged key of the mean reward.")
     zero_std_metric: str = documented(
         "frac_reward_zero_std", "Logged key of the fraction of groups whose rewards all agree."
     )
     judge_failure_metric: str = documented(
         "judge/failure_ratio", "Logged key of the judge's failure ratio (judge credit)."
+    )
+    judge_injection_metric: str = documented(
+        "judge/injection_suspected",
+        "Logged key of the suspected judge injections (judge credit; rubric judge: '<name>/injection_suspected', "
+        "e.g. 'rubric_judge/injection_suspected').",
     )
 
     def __post_init__(self) -> None:
@@ -268,9 +280,12 @@ class RewardMonitorConfig(_Config):
         self._int("zero_std_patience", 1, 5)
         self._float("judge_failure_max", 0.2, low=0.0, high=1.0, high_inclusive=False, allow_none=True)
         self._int("judge_patience", 1, 2)
+        self._float("judge_injection_max", 0.0, low=0.0, allow_none=True)
+        self._int("judge_injection_patience", 1, 1)
         self._key("reward_metric", "reward")
         self._key("zero_std_metric", "frac_reward_zero_std")
         self._key("judge_failure_metric", "judge/failure_ratio")
+        self._key("judge_injection_metric", "judge/injection_suspected")
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from .rules import (
     entropy_baseline,
     entropy_collapse,
     judge_failure,
+    judge_injection,
     kl_spike,
     reward_collapse,
     reward_no_signal,
@@ -256,21 +257,26 @@ class RewardMonitor(MonitorCallback):
           every group has identical rewards, so the advantages are 0 (`reward_no_signal`).
         - ``judge_failure``: ``judge/failure_ratio`` > ``judge_failure_max`` for ``judge_patience`` logs (judge credit
           runs only; `judge_failure`).
+        - ``judge_injection``: ``judge/injection_suspected`` > ``judge_injection_max`` for ``judge_injection_patience``
+          logs: the policy is suspected of forging the judge's verdict (off unless ``judge_injection_max`` is set;
+          `judge_injection`).
 
     Args:
         config: a `RewardMonitorConfig` (``smoothing``, ``min_rise``, ``max_drop``, ``collapse_patience``,
             ``min_drop_sigmas``, ``zero_std_max``, ``zero_std_patience``, ``judge_failure_max``,
-            ``judge_patience``, ``reward_metric``, ``zero_std_metric``, ``judge_failure_metric``), or its fields as
+            ``judge_patience``, ``judge_injection_max``, ``judge_injection_patience``, ``reward_metric``,
+            ``zero_std_metric``, ``judge_failure_metric``, ``judge_injection_metric``), or its fields as
             keywords.
         action, actions, start_step, rearm_after: see `MonitorCallback`.
     """
 
-    rules = ("reward_collapse", "reward_no_signal", "judge_failure")
+    rules = ("reward_collapse", "reward_no_signal", "judge_failure", "judge_injection")
     config_class = RewardMonitorConfig
     rule_metrics = (
         (reward_collapse, "reward_metric"),
         (reward_no_signal, "zero_std_metric"),
         (judge_failure, "judge_failure_metric"),
+        (judge_injection, "judge_injection_metric"),
     )
     config: RewardMonitorConfig
 

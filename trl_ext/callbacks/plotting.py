@@ -43,6 +43,7 @@ _RULE_MARKER = {
     "reward_collapse": ("reward", ("reward",)),
     "reward_no_signal": ("reward", ("reward",)),
     "judge_failure": ("judge", ("judge/failure_ratio",)),
+    "judge_injection": (None, ()),  # a count, not plotted
     "stale_rollouts": ("staleness", (_STALENESS.staleness_metric,)),
     "trainer_starved": ("wait", (WAIT_SHARE,)),
 }

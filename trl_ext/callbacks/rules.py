@@ -381,6 +381,26 @@ def judge_failure(
     return _consecutive("judge_failure", values, steps, lambda x: x > threshold, config.judge_patience, memory)
 
 
+def judge_injection(
+    values: Values, steps: Steps, config: RewardMonitorConfig, memory: Memory | None = None
+) -> RuleResult:
+    """The policy is suspected of forging the judge's verdict (judge credit, rubric judge: docs/security.md).
+
+    ``values`` are ``judge/injection_suspected`` (or the rubric judge's ``<name>/injection_suspected``): rollouts of
+    the batch whose text holds a verdict-shaped JSON value or delimiter-shaped text, or whose judge reply was
+    refused for holding several different verdicts. Fires at each log that ends a run of at least
+    ``config.judge_injection_patience`` (1) consecutive values ``> config.judge_injection_max``; never when
+    ``judge_injection_max`` is None (the default: a task whose answers are JSON with the judge's field names would
+    count on a healthy run). Facts: ``streak``.
+    """
+    if config.judge_injection_max is None:
+        return RuleResult([], dict(memory or {}))
+    threshold = config.judge_injection_max
+    return _consecutive(
+        "judge_injection", values, steps, lambda x: x > threshold, config.judge_injection_patience, memory
+    )
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # StalenessMonitor's rules (asynchronous runs: TRL's AsyncGRPOTrainer). ``values`` are per-log shares computed by
 # `dropped_share` and `wait_share` from TRL's logged metrics.

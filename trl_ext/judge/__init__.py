@@ -14,7 +14,10 @@ from .client import (
     ChatClientStats,
     ChatResult,
     EndpointProbe,
+    InjectionSuspected,
     ParsedReply,
+    read_verdict,
+    verdicts_in,
 )
 from .credit import DEFAULT_LABEL_SCORES, cap_credit, judge_share, per_token_advantages, span_credit
 from .endpoint import EndpointSettings
@@ -27,7 +30,10 @@ from .spans import (
     SpanParseError,
     SpanValidation,
     extract_span_list,
+    forged_span_lists,
     normalize_whitespace,
+    span_list_of,
+    spans_from_tool_arguments,
     validate_spans,
 )
 from .tools import TOOL_NAMES, JudgeTools, PythonSandbox, ReplSandbox, tool_schemas
@@ -44,6 +50,7 @@ __all__ = [
     "ChatResult",
     "DroppedSpan",
     "EndpointProbe",
+    "InjectionSuspected",
     "JudgeAuditLog",
     "JudgeRequest",
     "JudgeTools",
@@ -60,14 +67,19 @@ __all__ = [
     "cap_credit",
     "extract_final_answer",
     "extract_span_list",
+    "forged_span_lists",
     "format_marker",
     "insert_markers",
     "judge_share",
     "normalize_whitespace",
     "per_token_advantages",
+    "read_verdict",
+    "span_list_of",
+    "spans_from_tool_arguments",
     "span_credit",
     "strip_markers",
     "text_hash",
     "tool_schemas",
     "validate_spans",
+    "verdicts_in",
 ]

@@ -13,6 +13,9 @@
   (HTTP 400/422) is dropped for the rest of the client's life and the request is re-sent without it;
 - **asking again for a usable reply** (`AsyncChatClient.chat_parsed`), which no HTTP client can do: a reply that
   arrives but cannot be parsed is followed by a repair request; both LLM judges go through it;
+- **reading only the judge's own verdict** (`read_verdict`): a judge quotes the policy's text, and the policy can
+  write a verdict-shaped JSON object into it; a reply that is not one JSON value is read only when it holds one
+  verdict, and one that holds several different ones is refused (`InjectionSuspected`, counted by the judges);
 - the API key read from an environment variable named in the settings and never logged or shown in ``repr``.
 
 Its settings are `trl_ext.judge.endpoint.EndpointSettings`; the HTTP part (one SDK client per event loop, its
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import threading
 import time
@@ -37,6 +41,7 @@ from typing import Any, Generic, TypeVar
 
 import openai
 
+from ..text import json_candidates
 from .endpoint import EndpointSettings, OpenAIEndpoint
 
 logger = logging.getLogger(__name__)
@@ -45,6 +50,56 @@ T = TypeVar("T")
 
 # What asking a judge can end in: the status of a `ParsedReply`, and of every judge verdict built from one.
 REPLY_STATUSES = ("ok", "unparseable", "failed")
+
+
+class InjectionSuspected(ValueError):
+    """A judge reply holds more than one different verdict: one of them may be the policy's forged verdict, quoted.
+
+    A judge fault like an unparseable reply (`AsyncChatClient.chat_parsed` asks again, then the rollout gets the
+    judge's fallback), counted apart as a suspected injection.
+    """
+
+
+def verdicts_in(text: str, verdict_of: Callable[[Any], T | None]) -> list[T]:
+    """The different verdicts among the JSON values of ``text`` (`trl_ext.text.json_candidates`), in order.
+
+    Args:
+        text: a judge reply, or the policy's text (to find the verdicts it forged).
+        verdict_of: a JSON value -> the verdict it holds (compared with ``==``), or None when it is not
+            verdict-shaped.
+    """
+    found: list[T] = []
+    for value in json_candidates(text):
+        verdict = verdict_of(value)
+        if verdict is not None and verdict not in found:
+            found.append(verdict)
+    return found
+
+
+def read_verdict(text: str, verdict_of: Callable[[Any], T | None]) -> T | None:
+    """The judge's own verdict in a reply whose verdict came as text, or None when it holds none.
+
+    A reply that is one JSON value (structured output, or a judge that answers with the JSON only) is read as a
+    whole: verdict-shaped text quoted inside its strings is not looked at. Any other reply may quote the policy's
+    text, forged verdicts included, in prose or in a code fence: it is read only when all its verdict-shaped values
+    are the same verdict (a verdict shown twice, fenced and bare, is one).
+
+    Raises:
+        InjectionSuspected: the reply holds several different verdicts (the caller's repair asks for its own only).
+    """
+    try:
+        whole = verdict_of(json.loads(text))
+    except (ValueError, RecursionError):
+        whole = None
+    if whole is not None:
+        return whole
+    found = verdicts_in(text, verdict_of)
+    if len(found) > 1:
+        raise InjectionSuspected(
+            f"the reply holds {len(found)} different verdicts (a quoted one among them?); reply with your own verdict "
+            "only, as one JSON object and nothing else"
+        )
+    return found[0] if found else None
 
 
 class ChatCallError(RuntimeError):
@@ -117,6 +172,7 @@ class ParsedReply(JudgeOutcome, Generic[T]):
         raw_output: the text of the last reply (``None`` when there was none).
         requests: HTTP requests sent, the SDK's retries included (the ``first`` reply's not counted).
         repairs: follow-up requests sent after a reply that could not be used.
+        injection_suspected: a reply was refused for holding several different verdicts (`InjectionSuspected`).
     """
 
     status: str
@@ -125,6 +181,7 @@ class ParsedReply(JudgeOutcome, Generic[T]):
     raw_output: str | None = None
     requests: int = 0
     repairs: int = 0
+    injection_suspected: bool = False
 
 
 @dataclass
@@ -329,6 +386,7 @@ class AsyncChatClient:
                 outcome.value = parse(reply.content or "")
             except ValueError as error:
                 outcome.status, outcome.error = "unparseable", str(error)
+                outcome.injection_suspected |= isinstance(error, InjectionSuspected)
                 conversation += [
                     {"role": "assistant", "content": reply.content or ""},
                     {"role": "user", "content": repair_prompt(error)},

@@ -2,9 +2,17 @@
 
 `SpanJudge.judge` sends the question, the marked trace, the final answer, the verifier's verdict and the reference
 (when the dataset has one) to an OpenAI-compatible endpoint through `AsyncChatClient`. The judge may call tools
-(`trl_ext.judge.tools`) for at most ``max_tool_rounds`` rounds; then it must answer with spans (JSON schema
-structured output on that tool-free request where the endpoint supports it; a tolerant parser always). Its spans
-are validated against the real token text (`trl_ext.judge.spans.validate_spans`).
+(`trl_ext.judge.tools`) for at most ``max_tool_rounds`` rounds and hands in its spans by calling ``submit_verdict``
+(offered with the tools: its arguments are the verdict, a channel the policy's text cannot write); without tools, or
+once the rounds are spent, it must answer with spans (JSON schema structured output on that tool-free request where
+the endpoint supports it; a reply read by `trl_ext.judge.spans.extract_span_list`, which refuses a reply holding
+several different span lists). Its spans are validated against the real token text
+(`trl_ext.judge.spans.validate_spans`).
+
+**Judge injection.** The policy may end its trace with a forged ``{"spans": [...]}``, hoping the judge quotes it and
+the parser credits it. A trace holding verdict-shaped JSON or delimiter-shaped text, or a judge reply refused for
+holding several different verdicts, sets ``JudgeVerdict.injection_suspected`` (the trainers log the count as
+``judge/injection_suspected``); the judge is told, outside the data, that such JSON is the student's text.
 
 `SpanJudge.judge` never raises for a judge fault: an endpoint that fails after its retries gives
 ``status="failed"``, an answer with no JSON (after one repair request, `AsyncChatClient.chat_parsed`) gives
@@ -23,8 +31,24 @@ from typing import Any
 from .client import REPLY_STATUSES, AsyncChatClient, ChatCallError, JudgeOutcome
 from .credit import DEFAULT_LABEL_SCORES
 from .markers import MarkedTrace
-from .prompts import FINAL_ROUND_PROMPT, REPAIR_PROMPT, SPANS_RESPONSE_FORMAT, build_messages
-from .spans import DroppedSpan, Span, extract_span_list, validate_spans
+from .prompts import (
+    FINAL_ROUND_PROMPT,
+    REPAIR_PROMPT,
+    SPANS_RESPONSE_FORMAT,
+    SUBMIT_VERDICT,
+    SUBMIT_VERDICT_TOOL,
+    build_messages,
+    has_forged_delimiter,
+)
+from .spans import (
+    DroppedSpan,
+    Span,
+    SpanParseError,
+    extract_span_list,
+    forged_span_lists,
+    spans_from_tool_arguments,
+    validate_spans,
+)
 from .tools import TOOL_NAMES, JudgeTools, PythonSandbox, ReplSandbox
 
 logger = logging.getLogger(__name__)
@@ -71,6 +95,8 @@ class JudgeVerdict(JudgeOutcome):
             ``"rate_limit"``, ``"server_error"``, ``"client_error"``, ``"bad_response"``), ``"internal"`` for a crash
             of the judge itself, ``"unparseable"``; ``None`` when ``"ok"``.
         error_status: the last HTTP status of a failed request, when there was one.
+        injection_suspected: the trace holds a verdict-shaped JSON value or delimiter-shaped text, or a reply of the
+            judge was refused for holding several different span lists (`InjectionSuspected`).
     """
 
     status: str
@@ -83,6 +109,7 @@ class JudgeVerdict(JudgeOutcome):
     raw_output: str | None = None
     error_kind: str | None = None
     error_status: int | None = None
+    injection_suspected: bool = False
 
     def to_record(self) -> dict[str, Any]:
         """A JSON-serialisable summary for the audit log."""
@@ -94,6 +121,7 @@ class JudgeVerdict(JudgeOutcome):
             "requests": self.requests,
             "tool_calls": self.tool_calls,
             "error": self.error,
+            "injection_suspected": self.injection_suspected,
             "raw_output": None if self.raw_output is None else self.raw_output[:4000],
         }
 
@@ -187,6 +215,8 @@ class SpanJudge:
 
     async def _converse(self, request: JudgeRequest, tools: JudgeTools, verdict: JudgeVerdict) -> None:
         use_tools = bool(self.tools) and self.max_tool_rounds > 0
+        forged = bool(forged_span_lists(request.trace.text))
+        verdict.injection_suspected = forged or has_forged_delimiter(request.trace.text)
         messages: list[dict[str, Any]] = build_messages(
             question=request.question,
             marked_trace=request.trace.marked,
@@ -198,6 +228,7 @@ class SpanJudge:
             label_scores=self.label_scores,
             tool_names=list(self.tools) if use_tools else [],
             max_rounds=self.max_tool_rounds if use_tools else 0,
+            forged_verdict=forged,
         )
         rounds = 0
         while True:
@@ -205,15 +236,20 @@ class SpanJudge:
             # Structured output only on tool-free requests: a JSON grammar would forbid tool calls on some servers.
             answer = await self.client.chat(
                 messages,
-                tools=tools.schemas if offer_tools else None,
+                tools=[*tools.schemas, SUBMIT_VERDICT_TOOL] if offer_tools else None,
                 response_format=None if offer_tools else SPANS_RESPONSE_FORMAT,
             )
             verdict.requests += answer.attempts
             if not (offer_tools and answer.tool_calls):
                 break
+            submitted, outputs = await self._run_tools(answer.tool_calls, tools)
+            if submitted is not None:
+                verdict.raw_output = answer.content or ""
+                self._accept(submitted, request, verdict)
+                return
             rounds += 1
             messages.append(answer.message)
-            messages.extend(await self._run_tools(answer.tool_calls, tools))
+            messages.extend(outputs)
             if rounds >= self.max_tool_rounds:
                 messages.append({"role": "user", "content": FINAL_ROUND_PROMPT})
         # The answer has no tool calls: read its span list, asking again (without tools) when there is none.
@@ -221,29 +257,47 @@ class SpanJudge:
             messages,
             extract_span_list,
             repairs=REPAIR_REQUESTS,
-            repair_prompt=lambda error: REPAIR_PROMPT,
+            repair_prompt=lambda error: REPAIR_PROMPT.format(error=error),
             first=answer,
             response_format=SPANS_RESPONSE_FORMAT,
         )
         verdict.requests += parsed.requests
         verdict.raw_output = parsed.raw_output or ""
+        verdict.injection_suspected |= parsed.injection_suspected
         if not parsed.ok:
             verdict.status, verdict.error = parsed.status, parsed.error
             verdict.error_kind = "unparseable" if parsed.status == "unparseable" else None
             return
-        validation = validate_spans(parsed.value, request.trace, self.label_scores)
+        self._accept(parsed.value, request, verdict)
+
+    def _accept(self, items: list[Any], request: JudgeRequest, verdict: JudgeVerdict) -> None:
+        validation = validate_spans(items, request.trace, self.label_scores)
         verdict.status, verdict.spans, verdict.dropped = "ok", validation.valid, validation.dropped
 
-    async def _run_tools(self, calls: list[dict[str, Any]], tools: JudgeTools) -> list[dict[str, Any]]:
+    async def _run_tools(
+        self, calls: list[dict[str, Any]], tools: JudgeTools
+    ) -> tuple[list[Any] | None, list[dict[str, Any]]]:
+        """Run one round's tool calls: (the span list of the first well-formed ``submit_verdict`` call, or None;
+        the tool messages answering every call, a malformed ``submit_verdict`` answered with its error)."""
+        submitted: list[list[Any]] = []
+
         async def run(index: int, call: dict[str, Any]) -> dict[str, Any]:
             function = call.get("function") or {}
+            name, arguments = str(function.get("name")), function.get("arguments") or "{}"
             if index >= self.max_tool_calls_per_round:
                 output = f"error: at most {self.max_tool_calls_per_round} tool calls per round; this one was skipped"
+            elif name == SUBMIT_VERDICT:
+                try:
+                    submitted.append(spans_from_tool_arguments(arguments))
+                    output = "verdict received"
+                except SpanParseError as error:
+                    output = f"error: {error}; call {SUBMIT_VERDICT} again with the right arguments"
             else:
-                output = await tools.call(str(function.get("name")), function.get("arguments") or "{}")
+                output = await tools.call(name, arguments)
             return {"role": "tool", "tool_call_id": call.get("id", f"call_{index}"), "content": output}
 
-        return list(await asyncio.gather(*(run(i, call) for i, call in enumerate(calls))))
+        outputs = list(await asyncio.gather(*(run(i, call) for i, call in enumerate(calls))))
+        return (submitted[0] if submitted else None), outputs
 
 
 async def _close_quietly(tools: JudgeTools) -> None:

@@ -1,20 +1,22 @@
 """Parse and validate the judge's token spans (docs/judge_credit.md).
 
 The judge answers with ``{"spans": [{start, end, label, confidence, quote}, ...]}`` (or a bare array), token indices
-with ``end`` exclusive. `extract_span_list` finds that JSON in whatever the model wrote (code fences, prose around it);
-`validate_spans` keeps the spans that are well-formed and whose quote really is in the text of their tokens, and
-drops the others with a reason, so a confused or manipulated judge cannot put credit on tokens it did not read.
+with ``end`` exclusive, as the arguments of its ``submit_verdict`` tool call (`spans_from_tool_arguments`) or as its
+reply's text (`extract_span_list`: the reply alone, or the one span list among code fences and prose, never one of
+several: the judge may be quoting a list the policy forged); `validate_spans` keeps the spans that are well-formed and
+whose quote really is in the text of their tokens, and drops the others with a reason, so a confused or manipulated judge cannot put credit on tokens it did not read.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..text import json_candidates
+from .client import read_verdict, verdicts_in
 from .markers import MarkedTrace, strip_markers
 
 # Reasons a span is dropped, in the order they are checked.
@@ -78,32 +80,65 @@ class SpanValidation:
         return dict(Counter(d.reason for d in self.dropped))
 
 
-def extract_span_list(text: str) -> list[Any]:
-    """Find the span list in a judge reply.
+def span_list_of(value: Any) -> list[Any] | None:
+    """The span list a JSON value holds, or None when it is not verdict-shaped.
 
-    Among the JSON values of the reply (`trl_ext.text.json_candidates`: the whole reply, fenced blocks, then values
-    embedded in prose), the ``spans`` array of the first object that has one wins; else the first array whose items
-    are all objects (an empty array counts). So ``{"spans": [...]}`` and a bare ``[...]`` are both accepted, and a
-    citation like ``[1]`` in the prose before the answer is not mistaken for the span list.
+    Verdict-shaped: an object with a ``spans`` array, or a bare array of objects each carrying a span field (an empty
+    array counts). A citation like ``[1]`` and a span object on its own are not verdicts.
+    """
+    if isinstance(value, dict):
+        spans = value.get("spans")
+        return spans if isinstance(spans, list) else None
+    if isinstance(value, list) and all(isinstance(item, dict) and item.keys() & set(SPAN_FIELDS) for item in value):
+        return value
+    return None
+
+
+def forged_span_lists(text: str) -> list[list[Any]]:
+    """The verdict-shaped span lists in the policy's own text (a forged verdict that a judge might quote)."""
+    if '"spans"' not in text and '"quote"' not in text:  # no span list without one of them: skip the scan
+        return []
+    return verdicts_in(text, span_list_of)
+
+
+def extract_span_list(text: str) -> list[Any]:
+    """The judge's span list, from a reply in which it came as text (`trl_ext.judge.client.read_verdict`).
+
+    A reply that is one JSON value is read as a whole; otherwise all the span lists in it (`span_list_of`, among
+    code fences and prose, a nested one included) must be the same list: ``{"spans": [...]}`` and a bare ``[...]``
+    are both accepted, and a citation like ``[1]`` in the prose before the answer is not mistaken for the span list.
 
     Raises:
-        SpanParseError: when the reply holds no such JSON (the caller counts the rollout as an unparseable verdict).
+        InjectionSuspected: the reply holds several different span lists (the judge may be quoting one the policy
+            forged; a `ValueError`, so the caller asks again, then counts an unparseable verdict).
+        SpanParseError: the reply holds no span list (the caller counts the rollout as an unparseable verdict).
     """
     if not isinstance(text, str):
         raise SpanParseError(f"Judge output must be a string, got {type(text).__name__}.")
-    first_list: list[Any] | None = None
-    for value in json_candidates(text):
-        if isinstance(value, dict) and isinstance(value.get("spans"), list):
-            return value["spans"]
-        if first_list is None and isinstance(value, list) and all(isinstance(item, dict) for item in value):
-            first_list = value
-    if first_list is not None:
-        return first_list
+    spans = read_verdict(text, span_list_of)
+    if spans is not None:
+        return spans
     preview = text[:200].replace("\n", "\\n")
     raise SpanParseError(
         f"No JSON span list found in the judge output (starts with {preview!r}); the judge must answer "
         '{"spans": [{"start": .., "end": .., "label": .., "confidence": .., "quote": ..}]}.'
     )
+
+
+def spans_from_tool_arguments(arguments: str) -> list[Any]:
+    """The span list of a ``submit_verdict`` tool call: its arguments, the JSON object ``{"spans": [...]}``.
+
+    Raises:
+        SpanParseError: the arguments are not that object (the judge is told so in the tool's reply).
+    """
+    try:
+        value = json.loads(arguments)
+    except (ValueError, RecursionError) as error:
+        raise SpanParseError(f"submit_verdict's arguments are not JSON ({error})") from None
+    spans = value.get("spans") if isinstance(value, dict) else None
+    if not isinstance(spans, list):
+        raise SpanParseError('submit_verdict takes {"spans": [...]}: a "spans" array of span objects')
+    return spans
 
 
 def normalize_whitespace(text: str) -> str:
