@@ -1,9 +1,10 @@
 """`ExtAsyncGRPOTrainer` (on TRL's asynchronous GRPO trainer) against a real `vllm serve`, LoRA synced over HTTP.
 
-One server for the module (`tests/vllm_server.py`: vLLM's CPU build, float32, a fixed 1 GiB KV cache), one training
-run of three asynchronous steps against it with the IPO loss (`loss_type="ipo"`, `max_staleness=1`): TRL's rollout
-worker in a spawned child process samples from the server, and after every optimizer step the trainer publishes its
-LoRA adapter as ``trl-policy-v{N}`` (``/v1/load_lora_adapter``). The tests then check the run's metrics, which adapters the server holds, and that the
+The session's shared server (`tests/conftest.py`, `tests/vllm_server.py`: vLLM's CPU build, float32, a fixed 1 GiB
+KV cache), cleared of earlier runs' adapters, and one training run of three asynchronous steps against it with the
+IPO loss (`loss_type="ipo"`, `max_staleness=1`): TRL's rollout worker in a spawned child process samples from the
+server, and after every optimizer step the trainer publishes its LoRA adapter as ``trl-policy-v{N}``
+(``/v1/load_lora_adapter``). The tests then check the run's metrics, which adapters the server holds, and that the
 server generates with the trained weights: it scores a fixed prompt and completion under the latest adapter with the
 same per-token log-probs as the trainer's final policy, and differently from the base model.
 
@@ -16,7 +17,6 @@ The trainer runs on the CPU by itself: `trl_ext.trainers.async_seam` puts a CPU 
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,15 +24,9 @@ from typing import Any
 import pytest
 
 from .async_rewards import vowel_share_reward
-from .vllm_server import VLLMServer, save_chat_model, start_vllm_server
+from .vllm_server import VLLM_TEST_MARKS, VLLMServer, start_vllm_server
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/setup_vllm_cpu.sh)"
-    ),
-]
+pytestmark = VLLM_TEST_MARKS
 
 MAX_STEPS = 3
 MAX_STALENESS = 1
@@ -53,34 +47,19 @@ class TrainedRun:
 
 
 @pytest.fixture(scope="module")
-def work_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("vllm_async")
-
-
-@pytest.fixture(scope="module")
-def model_dir(work_dir) -> Path:
-    return save_chat_model(work_dir / "model")
-
-
-@pytest.fixture(scope="module")
-def server(work_dir, model_dir):
-    # TRL holds MAX_STALENESS + 1 adapter versions and loads the next before unloading the oldest: + 2 slots.
-    server = start_vllm_server(model_dir, work_dir / "vllm_serve.log", max_loras=MAX_STALENESS + 2)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def trained(work_dir, model_dir, server) -> TrainedRun:
+def trained(tmp_path_factory, shared_vllm_server) -> TrainedRun:
     from datasets import Dataset
     from peft import LoraConfig
 
     from trl_ext.trainers import ExtAsyncGRPOConfig, ExtAsyncGRPOTrainer
 
+    server = shared_vllm_server  # module-scoped, so not the function-scoped `vllm_server`: cleared here instead
+    server.clear_lora_adapters()
+    model_dir = Path(server.model)
     # A short system prompt: the qwen2_5 template's default one is ~70 tokens of the tiny tokenizer.
     prompts = [[{"role": "system", "content": "Count."}, {"role": "user", "content": f"to {i}"}] for i in range(32)]
     args = ExtAsyncGRPOConfig(
-        output_dir=str(work_dir / "run"),
+        output_dir=str(tmp_path_factory.mktemp("vllm_async") / "run"),
         loss_type="ipo",
         max_steps=MAX_STEPS,
         max_staleness=MAX_STALENESS,
@@ -131,7 +110,7 @@ def test_server_holds_the_latest_policy_versions(trained):
     # One cold sync before training, then one per optimizer step (weight_sync_steps=1).
     version = trained.trainer.model_version
     assert version == MAX_STEPS + 1
-    adapters = sorted(name for name in trained.server.served_models() if name != trained.server.model)
+    adapters = sorted(trained.server.lora_adapters())
     # Each sync unloads the version that fell out of the staleness window: the last MAX_STALENESS + 1 remain.
     assert adapters == [f"trl-policy-v{v}" for v in range(version - MAX_STALENESS, version + 1)]
 
@@ -158,6 +137,11 @@ def transformers_logprobs(model, token_ids: list[int]) -> list[float]:
     return logits.log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0].tolist()
 
 
+def max_gap(a: list[float], b: list[float]) -> float:
+    """The largest per-token difference of two log-prob lists (nats)."""
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
 def test_server_generates_with_the_trained_adapter(trained):
     import torch
     from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
@@ -178,9 +162,6 @@ def test_server_generates_with_the_trained_adapter(trained):
     final = transformers_logprobs(policy, token_ids)
     with policy.disable_adapter():
         initial = transformers_logprobs(policy, token_ids)
-
-    def max_gap(a: list[float], b: list[float]) -> float:
-        return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
     report = {
         "served adapter vs trainer": max_gap(served_trained, final),
@@ -203,3 +184,33 @@ def test_a_server_that_fails_to_start_raises_with_its_log(tmp_path):
         start_vllm_server(tmp_path / "not_a_model", tmp_path / "failed.log", timeout_s=120)
     log = (tmp_path / "failed.log").read_text()
     assert "Error" in log and log[-200:] in str(failure.value)  # the error ends with the log's tail
+
+
+def test_a_cleared_server_serves_a_reused_adapter_name_with_the_new_weights(vllm_server, tmp_path):
+    """What one server for many trainers rests on: every run publishes ``trl-policy-v1``, ``-v2``, ... again, and after
+    `VLLMServer.clear_lora_adapters` a name loaded again serves the new adapter, not the one it named before."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    token_ids = fixed_sequence(Path(vllm_server.model))
+    name = "trl-policy-v1"
+    served, expected = [], []
+    for seed in (1, 2):  # two adapters with different random weights, loaded in turn under the same name
+        base = AutoModelForCausalLM.from_pretrained(vllm_server.model, dtype=torch.float32)
+        torch.manual_seed(seed)
+        lora = LoraConfig(r=LORA_RANK, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+        adapter = get_peft_model(base, lora).eval()
+        adapter.save_pretrained(tmp_path / f"adapter_{seed}")
+        vllm_server.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(tmp_path / f"adapter_{seed}")})
+        served.append(vllm_server.prompt_logprobs(name, token_ids))
+        expected.append(transformers_logprobs(adapter, token_ids))
+        vllm_server.clear_lora_adapters()
+        assert vllm_server.lora_adapters() == []
+
+    report = {"adapter 1 served vs its weights": max_gap(served[0], expected[0])}
+    report["adapter 2 served vs its weights"] = max_gap(served[1], expected[1])
+    report["adapter 2 vs adapter 1"] = max_gap(expected[1], expected[0])
+    assert report["adapter 1 served vs its weights"] < LOGPROB_TOLERANCE, report
+    assert report["adapter 2 served vs its weights"] < LOGPROB_TOLERANCE, report
+    assert report["adapter 2 vs adapter 1"] > TRAINED_SHIFT_FACTOR * LOGPROB_TOLERANCE, report

@@ -1,8 +1,8 @@
 """Faults of `ExtAsyncGRPOTrainer` (TRL's rollout worker in a spawned child process) against a real `vllm serve`.
 
-One server for the module (`tests/vllm_server.py`); each test trains a LoRA policy in a thread until a fault it
-injects ends the run, and fails, instead of blocking CI, when training has not ended by a hard deadline
-(`train_until_fault`). The server is killed by the last test of the module.
+Each test trains a LoRA policy in a thread until a fault it injects ends the run, and fails, instead of blocking CI,
+when training has not ended by a hard deadline (`train_until_fault`). Both use the session's shared server
+(`tests/conftest.py`); the server test kills it, so it runs after every other test (`vllm_server_to_kill`).
 
 - The rollout worker's child process is killed (SIGKILL): TRL's ``check_health`` does not look at the process, so
   the trainer notices only once the child's heartbeat is ``heartbeat_stale_after_s`` old; then TRL's
@@ -17,7 +17,6 @@ Skipped where vLLM is not installed; run with ``.venv-vllm/bin/python -m pytest 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import threading
@@ -28,33 +27,14 @@ from typing import Any
 import pytest
 
 from .async_rewards import vowel_share_reward
-from .vllm_server import save_chat_model, start_vllm_server
+from .vllm_server import VLLM_TEST_MARKS
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/setup_vllm_cpu.sh)"
-    ),
-]
+pytestmark = VLLM_TEST_MARKS
 
 MAX_STALENESS = 1
 HEARTBEAT_S = 8.0  # heartbeat_stale_after_s
 SERVER_TIMEOUT_S = 6.0  # vllm_server_timeout (the watch's limit)
 DEADLINE_S = 90.0  # a hang: far above what any fault here takes to surface (seconds)
-
-
-@pytest.fixture(scope="module")
-def work_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("vllm_async_faults")
-
-
-@pytest.fixture(scope="module")
-def server(work_dir):
-    model_dir = save_chat_model(work_dir / "model")
-    server = start_vllm_server(model_dir, work_dir / "vllm_serve.log", max_loras=MAX_STALENESS + 2)
-    yield server
-    server.stop()
 
 
 def make_trainer(server: Any, output_dir: Path) -> Any:
@@ -127,8 +107,8 @@ def error_text(error: BaseException | None) -> str:
     return "\n".join(parts)
 
 
-def test_killed_worker_process_ends_training_with_a_clear_error(server, tmp_path):
-    trainer = make_trainer(server, tmp_path)
+def test_killed_worker_process_ends_training_with_a_clear_error(vllm_server, tmp_path):
+    trainer = make_trainer(vllm_server, tmp_path)
     child = {}
 
     def kill_child() -> None:
@@ -144,24 +124,15 @@ def test_killed_worker_process_ends_training_with_a_clear_error(server, tmp_path
         os.kill(child["pid"], 0)
 
 
-def test_killed_server_ends_training_with_an_error_naming_it(server, tmp_path):
-    # Last test of the module: it kills the module's server.
-    import requests
-
+def test_killed_server_ends_training_with_an_error_naming_it(vllm_server_to_kill, tmp_path):
     from trl_ext.trainers.async_faults import watch_server
 
-    # A new trainer publishes trl-policy-v1, v2, ... again: unload what an earlier test's run left on the server.
-    for name in server.served_models():
-        if name != server.model:
-            requests.post(
-                f"{server.url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=30
-            ).raise_for_status()
-    trainer = make_trainer(server, tmp_path)
+    trainer = make_trainer(vllm_server_to_kill, tmp_path)
     watch = watch_server(trainer)
     assert watch is not None
-    error = train_until_fault(trainer, server.stop)
+    error = train_until_fault(trainer, vllm_server_to_kill.stop)
     text = error_text(error)
     assert error is not None, "training went on without its server"
-    port = server.url.rsplit(":", 1)[1]
+    port = vllm_server_to_kill.url.rsplit(":", 1)[1]
     assert port in text, text  # the error names the server (the watch's, or a weight sync's connection error)
     assert trainer.rollout_worker._process is None

@@ -1,26 +1,18 @@
-"""`AsyncJudgeCreditTrainer` against a real ``vllm serve`` (vLLM's CPU build), LoRA synced over HTTP, and the
-scripted judge server on 127.0.0.1: the rollout worker samples from the latest published adapter
-``trl-policy-v{N}``, the judge marks spans of every rollout, and the loss trains on ``A + cap_λ(c)``.
+"""`AsyncJudgeCreditTrainer` against a real ``vllm serve`` (vLLM's CPU build; the session's shared server,
+`tests/conftest.py`), LoRA synced over HTTP, and the scripted judge server on 127.0.0.1: the rollout worker samples
+from the latest published adapter ``trl-policy-v{N}``, the judge marks spans of every rollout, and the loss trains on
+``A + cap_λ(c)``.
 
 Skipped where vLLM is not installed; run with ``.venv-vllm/bin/python -m pytest -m vllm tests/test_vllm_async_judge.py``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
-import pytest
+from .vllm_server import VLLM_TEST_MARKS
 
-from .vllm_server import save_chat_model, start_vllm_server
-
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/setup_vllm_cpu.sh)"
-    ),
-]
+pytestmark = VLLM_TEST_MARKS
 
 MAX_STEPS = 2
 MAX_STALENESS = 1
@@ -31,7 +23,7 @@ def length_reward(completions, **kwargs):
     return [-len(text) / 100 for text in completions]
 
 
-def test_async_judge_trains_on_served_rollouts_with_the_scripted_judge(tmp_path):
+def test_async_judge_trains_on_served_rollouts_with_the_scripted_judge(tmp_path, vllm_server):
     from datasets import Dataset
     from peft import LoraConfig
 
@@ -40,53 +32,47 @@ def test_async_judge_trains_on_served_rollouts_with_the_scripted_judge(tmp_path)
 
     from .trainers.test_judge_trainer import SpanPickingJudge
 
-    model_dir = save_chat_model(tmp_path / "model")
-    server = start_vllm_server(model_dir, tmp_path / "vllm_serve.log", max_loras=MAX_STALENESS + 2)
     judge = SpanPickingJudge()
-    try:
-        with ScriptedChatServer(judge) as judge_server:
-            args = AsyncJudgeCreditConfig(
-                output_dir=str(tmp_path / "run"),
-                judge_base_url=judge_server.base_url,
-                judge_model="scripted-judge",
-                judge_tools=[],
-                judge_max_retries=0,
-                judge_timeout=10.0,
-                marker_every=1,  # a marker before every token: the scripted judge picks exact spans
-                judge_lambda=0.25,
-                max_steps=MAX_STEPS,
-                max_staleness=MAX_STALENESS,
-                per_device_train_batch_size=4,
-                token_budget=0,
-                queue_maxsize=16,
-                num_generations=2,
-                max_inflight_tasks=4,
-                max_completion_length=12,
-                learning_rate=1e-2,
-                vllm_server_base_url=server.url,
-                use_cpu=True,
-                logging_steps=1,
-                report_to=[],
-                save_strategy="no",
-                seed=0,
-            )
-            trainer = AsyncJudgeCreditTrainer(
-                str(model_dir),
-                length_reward,
-                args=args,
-                train_dataset=Dataset.from_dict({"prompt": [f"count to {i}" for i in range(8)]}),
-                peft_config=LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]),
-            )
-            trainer.train()
-            generator = trainer.rollout_worker.generator
-            history = [entry for entry in trainer.state.log_history if "loss" in entry]
-            served = server.served_models()
-    finally:
-        server.stop()
+    with ScriptedChatServer(judge) as judge_server:
+        args = AsyncJudgeCreditConfig(
+            output_dir=str(tmp_path / "run"),
+            judge_base_url=judge_server.base_url,
+            judge_model="scripted-judge",
+            judge_tools=[],
+            judge_max_retries=0,
+            judge_timeout=10.0,
+            marker_every=1,  # a marker before every token: the scripted judge picks exact spans
+            judge_lambda=0.25,
+            max_steps=MAX_STEPS,
+            max_staleness=MAX_STALENESS,
+            per_device_train_batch_size=4,
+            token_budget=0,
+            queue_maxsize=16,
+            num_generations=2,
+            max_inflight_tasks=4,
+            max_completion_length=12,
+            learning_rate=1e-2,
+            vllm_server_base_url=vllm_server.url,
+            use_cpu=True,
+            logging_steps=1,
+            report_to=[],
+            save_strategy="no",
+            seed=0,
+        )
+        trainer = AsyncJudgeCreditTrainer(
+            vllm_server.model,
+            length_reward,
+            args=args,
+            train_dataset=Dataset.from_dict({"prompt": [f"count to {i}" for i in range(8)]}),
+            peft_config=LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]),
+        )
+        trainer.train()
+    generator = trainer.rollout_worker.generator
+    history = [entry for entry in trainer.state.log_history if "loss" in entry]
 
     assert trainer.state.global_step == MAX_STEPS and len(history) == MAX_STEPS
     assert generator.lora_name == "trl-policy" and max(generator.versions_used) >= 1  # asked for synced adapters
-    assert f"trl-policy-v{trainer.model_version}" in served
+    assert f"trl-policy-v{trainer.model_version}" in vllm_server.served_models()
     for entry in history:
         assert entry["judge/failure_ratio"] == 0.0 and entry["sample/staleness_max"] <= MAX_STALENESS, entry
         # p_old is vLLM's log-probs of the version that sampled: the trainer's policy scores the same tokens alike.

@@ -2,10 +2,10 @@
 CPU build, `tests/vllm_server.py`): two steps of a tiny recipe written to a temporary folder, for ``grpo``
 (`ExtAsyncGRPOTrainer`, through the ``trl-ext train`` command: its rollout worker is a spawned process that imports
 the recipe's reward function by its path) and for ``stepwise_rlm`` (`AsyncStepwiseRLMTrainer`, through
-`train_from_recipe`, which returns the trainer). Each run gets a server of its own (the adapters it publishes are
-named by policy version, ``trl-policy-v{N}``). The outputs are checked: the LoRA adapter, ``trl_ext_run.json``
-(the method, the asynchronous trainer, ``asynchronous: true``, the asynchronous settings, the staleness metrics),
-the monitors (the `StalenessMonitor` among them) and their plot.
+`train_from_recipe`, which returns the trainer). Both runs use the session's shared server (`tests/conftest.py`),
+cleared of earlier runs' adapters (each run publishes ``trl-policy-v1``, ``-v2``, ... again). The outputs are
+checked: the LoRA adapter, ``trl_ext_run.json`` (the method, the asynchronous trainer, ``asynchronous: true``, the
+asynchronous settings, the staleness metrics), the monitors (the `StalenessMonitor` among them) and their plot.
 
 Skipped where vLLM is not installed; run with
 ``.venv-vllm/bin/python -m pytest -m vllm tests/test_vllm_async_recipe.py``.
@@ -13,22 +13,15 @@ Skipped where vLLM is not installed; run with
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import yaml
 
-from .vllm_server import save_chat_model, start_vllm_server
+from .vllm_server import VLLM_TEST_MARKS
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/setup_vllm_cpu.sh)"
-    ),
-]
+pytestmark = VLLM_TEST_MARKS
 
 MAX_STEPS = 2
 MAX_STALENESS = 1
@@ -69,12 +62,12 @@ def write_data(path: Path, trainer: str) -> Path:
     return path
 
 
-def write_async_recipe(tmp_path: Path, trainer: str, model_dir: Path, server_url: str) -> Path:
+def write_async_recipe(tmp_path: Path, trainer: str, model_name_or_path: str, server_url: str) -> Path:
     """A two-step asynchronous recipe for the tiny model on the CPU (IPO loss, LoRA r8)."""
     fields = {
         "trainer": trainer,
         "asynchronous": True,
-        "model_name_or_path": str(model_dir),
+        "model_name_or_path": model_name_or_path,
         "use_peft": True,
         "lora_r": 8,
         "lora_alpha": 16,
@@ -111,25 +104,19 @@ def write_async_recipe(tmp_path: Path, trainer: str, model_dir: Path, server_url
     ("trainer", "trainer_class"),
     [("grpo", "ExtAsyncGRPOTrainer"), ("stepwise_rlm", "AsyncStepwiseRLMTrainer")],
 )
-def test_an_async_recipe_trains_against_vllm_serve(tmp_path, trainer, trainer_class):
+def test_an_async_recipe_trains_against_vllm_serve(tmp_path, vllm_server, trainer, trainer_class):
     from trl_ext.callbacks import MonitorCallback
     from trl_ext.cli import main
     from trl_ext.recipe_training import train_from_recipe
     from trl_ext.recipes import parse_recipe
 
-    model_dir = save_chat_model(tmp_path / "model")
-    # TRL holds MAX_STALENESS + 1 adapter versions and loads the next before unloading the oldest: + 2 slots.
-    server = start_vllm_server(model_dir, tmp_path / "vllm_serve.log", max_loras=MAX_STALENESS + 2)
-    try:
-        recipe_path = write_async_recipe(tmp_path, trainer, model_dir, server.url)
-        if trainer == "grpo":  # the command itself
-            assert main(["train", str(recipe_path)]) == 0
-            run_trainer = None
-        else:  # the same path, with the trainer returned for a look at its monitors
-            run_trainer = train_from_recipe(parse_recipe(recipe_path))
-        served = server.served_models()
-    finally:
-        server.stop()
+    recipe_path = write_async_recipe(tmp_path, trainer, vllm_server.model, vllm_server.url)
+    if trainer == "grpo":  # the command itself
+        assert main(["train", str(recipe_path)]) == 0
+        run_trainer = None
+    else:  # the same path, with the trainer returned for a look at its monitors
+        run_trainer = train_from_recipe(parse_recipe(recipe_path))
+    served = vllm_server.served_models()
 
     output = tmp_path / "run"
     assert (output / "adapter_config.json").is_file() and (output / "adapter_model.safetensors").is_file()

@@ -1,27 +1,18 @@
-"""`AsyncRLMTTrainer` against a real ``vllm serve`` (vLLM's CPU build), LoRA synced over HTTP: the rollout worker
-samples each group in one request (``n`` = group size) from the latest published adapter, vLLM stops at the stop
-string, and a tiny reward model (saved to a directory, loaded from ``reward_model_name_or_path``) scores the
-responses.
+"""`AsyncRLMTTrainer` against a real ``vllm serve`` (vLLM's CPU build; the session's shared server,
+`tests/conftest.py`), LoRA synced over HTTP: the rollout worker samples each group in one request (``n`` = group
+size) from the latest published adapter, vLLM stops at the stop string, and a tiny reward model (saved to a
+directory, loaded from ``reward_model_name_or_path``) scores the responses.
 
 Skipped where vLLM is not installed; run with ``.venv-vllm/bin/python -m pytest -m vllm tests/test_vllm_async_rlmt.py``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
-import pytest
+from .vllm_server import VLLM_TEST_MARKS
 
-from .vllm_server import save_chat_model, start_vllm_server
-
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/setup_vllm_cpu.sh)"
-    ),
-]
+pytestmark = VLLM_TEST_MARKS
 
 MAX_STEPS = 2
 MAX_STALENESS = 1
@@ -29,7 +20,7 @@ NUM_GENERATIONS = 4
 STOP = "e"  # a one-character stop string the untrained policy hits; "</response>" works the same way
 
 
-def test_async_rlmt_trains_on_served_completions_scored_by_the_reward_model(tmp_path):
+def test_async_rlmt_trains_on_served_completions_scored_by_the_reward_model(tmp_path, vllm_server):
     from datasets import Dataset
     from peft import LoraConfig
 
@@ -37,56 +28,50 @@ def test_async_rlmt_trains_on_served_completions_scored_by_the_reward_model(tmp_
     from trl_ext.testing import build_tiny_reward_model
     from trl_ext.trainers.async_rlmt import AsyncRLMTConfig, AsyncRLMTTrainer
 
-    model_dir = save_chat_model(tmp_path / "model")
     reward_model, reward_tokenizer = build_tiny_reward_model(seed=5, initializer_range=0.5)
     reward_model.save_pretrained(tmp_path / "rm")
     reward_tokenizer.save_pretrained(tmp_path / "rm")
-    server = start_vllm_server(model_dir, tmp_path / "vllm_serve.log", max_loras=MAX_STALENESS + 2)
-    try:
-        args = AsyncRLMTConfig(
-            output_dir=str(tmp_path / "run"),
-            rlmt_format="zero",
-            stop_strings=[STOP],
-            reward_model_name_or_path=str(tmp_path / "rm"),
-            reward_model_dtype="float32",
-            strict_format=False,  # the untrained policy never writes </think>: score its text
-            loss_type="ipo",
-            max_steps=MAX_STEPS,
-            max_staleness=MAX_STALENESS,
-            per_device_train_batch_size=4,
-            token_budget=0,
-            queue_maxsize=16,
-            num_generations=NUM_GENERATIONS,
-            max_inflight_tasks=NUM_GENERATIONS,
-            max_completion_length=16,
-            learning_rate=1e-2,
-            vllm_server_base_url=server.url,
-            use_cpu=True,
-            logging_steps=1,
-            report_to=[],
-            save_strategy="no",
-            seed=0,
-        )
-        trainer = AsyncRLMTTrainer(
-            str(model_dir),
-            args=args,
-            train_dataset=Dataset.from_dict({"prompt": [f"count to {i}" for i in range(8)]}),
-            peft_config=LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]),
-        )
-        assert trainer.train_dataset[0]["prompt"].startswith(ZERO_PROMPT_PREFIX)
-        trainer.train()
-        worker = trainer.rollout_worker
-        generator = worker.generator
-        history = [entry for entry in trainer.state.log_history if "loss" in entry]
-        served = server.served_models()
-    finally:
-        server.stop()
+    args = AsyncRLMTConfig(
+        output_dir=str(tmp_path / "run"),
+        rlmt_format="zero",
+        stop_strings=[STOP],
+        reward_model_name_or_path=str(tmp_path / "rm"),
+        reward_model_dtype="float32",
+        strict_format=False,  # the untrained policy never writes </think>: score its text
+        loss_type="ipo",
+        max_steps=MAX_STEPS,
+        max_staleness=MAX_STALENESS,
+        per_device_train_batch_size=4,
+        token_budget=0,
+        queue_maxsize=16,
+        num_generations=NUM_GENERATIONS,
+        max_inflight_tasks=NUM_GENERATIONS,
+        max_completion_length=16,
+        learning_rate=1e-2,
+        vllm_server_base_url=vllm_server.url,
+        use_cpu=True,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        seed=0,
+    )
+    trainer = AsyncRLMTTrainer(
+        vllm_server.model,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": [f"count to {i}" for i in range(8)]}),
+        peft_config=LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]),
+    )
+    assert trainer.train_dataset[0]["prompt"].startswith(ZERO_PROMPT_PREFIX)
+    trainer.train()
+    worker = trainer.rollout_worker
+    generator = worker.generator
+    history = [entry for entry in trainer.state.log_history if "loss" in entry]
 
     assert trainer.state.global_step == MAX_STEPS and len(history) == MAX_STEPS
     assert (
         generator.lora_name == "trl-policy" and max(generator.versions_used) >= 1
     )  # asked for a synced adapter (v1: the sync before step 1)
-    assert f"trl-policy-v{trainer.model_version}" in served
+    assert f"trl-policy-v{trainer.model_version}" in vllm_server.served_models()
     tokenizer = worker.tokenizer
     completions = worker.last_completions
     assert len(completions) == NUM_GENERATIONS

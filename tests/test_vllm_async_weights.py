@@ -1,37 +1,30 @@
 """`ExtAsyncGRPOTrainer` without PEFT against a real `vllm serve`: full weights synced through the disk and vLLM's
 reload (`trl_ext.trainers.weight_sync.DiskWeightTransfer`), no NCCL.
 
-One server for the module (`tests/vllm_server.py`: vLLM's CPU build, float32, dev mode), serving an *untied* copy of
-the tiny chat model (vLLM's reload does not re-process a tied LM head, and on the CPU the head is a prepacked copy:
-tied heads are refused, which one test checks against this server). One run of three asynchronous steps with the
-IPO loss: after the cold sync and after every optimizer step the trainer writes its weights under
-``<output_dir>/.vllm_weights`` and the server reloads them (``/collective_rpc`` ``reload_weights``). The tests check
-that the server then scores a fixed sequence with the trainer's final weights, and no longer with the initial ones.
+One server for the module (`tests/vllm_server.py`: vLLM's CPU build, float32, dev mode), not the session's shared
+one: the run changes its base weights, and it serves an *untied* copy of the tiny chat model (vLLM's reload does not
+re-process a tied LM head, and on the CPU the head is a prepacked copy: tied heads are refused, which one test checks
+against this server). One run of three asynchronous steps with the IPO loss: after the cold sync and after every
+optimizer step the trainer writes its weights under ``<output_dir>/.vllm_weights`` and the server reloads them
+(``/collective_rpc`` ``reload_weights``). The tests check that the server then scores a fixed sequence with the
+trainer's final weights, and no longer with the initial ones.
 
 Skipped where vLLM is not installed; run with ``.venv-vllm/bin/python -m pytest -m vllm tests/test_vllm_async_weights.py``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .async_rewards import vowel_share_reward
-from .test_vllm_async import fixed_sequence, transformers_logprobs
-from .vllm_server import VLLMServer, start_vllm_server
+from .test_vllm_async import fixed_sequence, max_gap, transformers_logprobs
+from .vllm_server import VLLM_TEST_MARKS, VLLMServer, save_chat_model, start_vllm_server
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/setup_vllm_cpu.sh)"
-    ),
-]
+pytestmark = VLLM_TEST_MARKS
 
 MAX_STEPS = 3
 MAX_STALENESS = 1
@@ -49,15 +42,6 @@ class TrainedRun:
     history: list[dict]
 
 
-def save_untied_chat_model(directory: Path, seed: int = 0) -> Path:
-    """The tiny vLLM-compatible model with its own LM head, and TRL's qwen2_5 chat template (`save_chat_model`'s)."""
-    from trl_ext.testing import build_tiny_model_and_tokenizer, save_tiny_model
-
-    model, tokenizer = build_tiny_model_and_tokenizer(seed, vllm=True, tie_word_embeddings=False)
-    tokenizer.chat_template = (files("trl") / "chat_templates" / "qwen2_5.jinja").read_text()
-    return save_tiny_model(model, tokenizer, directory)
-
-
 @pytest.fixture(scope="module")
 def work_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("vllm_async_weights")
@@ -65,7 +49,7 @@ def work_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def model_dir(work_dir) -> Path:
-    return save_untied_chat_model(work_dir / "model")
+    return save_chat_model(work_dir / "model", tie_word_embeddings=False)  # an LM head of its own
 
 
 @pytest.fixture(scope="module")
@@ -140,9 +124,6 @@ def test_server_generates_with_the_trained_full_weights(trained):
     initial = transformers_logprobs(policy, token_ids)
     policy.load_state_dict(trainer_model.state_dict())
     final = transformers_logprobs(policy, token_ids)
-
-    def max_gap(a: list[float], b: list[float]) -> float:
-        return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
     report = {"served vs trainer final": max_gap(served, final), "served vs initial": max_gap(served, initial)}
     print(f"\n{len(token_ids) - 1} tokens, max |Δ log-prob| (nats): {report}")

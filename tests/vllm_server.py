@@ -1,10 +1,13 @@
-"""A real `vllm serve` for the `vllm` test group, and the tiny model it serves.
+"""A real `vllm serve` for the `vllm` test group, the tiny model it serves, and the group's marks.
 
 `start_vllm_server` runs the `vllm` command of the current interpreter's environment (``.venv-vllm`` in CI) in its own
 process group on a free 127.0.0.1 port, writes its log to a file, waits for ``/health`` and returns a `VLLMServer`;
 `VLLMServer.stop` kills the whole process group (the API server and its engine-core child). When the server does not
 come up, the error names the cause and ends with the tail of its log. `save_chat_model` saves the tiny test model
 with TRL's qwen2_5 chat template, which TRL's asynchronous rollout worker needs (its response schema).
+`VLLMServer.clear_lora_adapters` gives a server back in the state a new trainer expects, so that one server can serve
+one trainer after another (`tests/conftest.py`'s `vllm_server` fixture). `VLLM_TEST_MARKS` is every vLLM test
+module's ``pytestmark``.
 
 The flags are those TRL's `AsyncGRPOTrainer` needs with LoRA sync over HTTP on vLLM's CPU build: runtime LoRA
 loading (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``), ``/pause`` and ``/server_info`` (``VLLM_SERVER_DEV_MODE``),
@@ -15,6 +18,7 @@ start-up check of the machine's free memory, as in ``tests/test_vllm.py``).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -29,19 +33,29 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+VLLM_TEST_MARKS = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/setup_vllm_cpu.sh)"
+    ),
+]
 KV_CACHE_GIB = "1"  # plenty for the tiny model (256 bytes of KV cache per token)
 LOG_TAIL_CHARS = 4000
 
 
-def save_chat_model(directory: str | os.PathLike[str], seed: int = 0) -> Path:
+def save_chat_model(directory: str | os.PathLike[str], seed: int = 0, **config_overrides: Any) -> Path:
     """Save the tiny vLLM-compatible model (`trl_ext.testing`) with TRL's qwen2_5 chat template; returns the directory.
 
     TRL's asynchronous rollout worker recognises a chat template by its text (`trl.chat_template_utils`) to parse
-    responses; the tiny tokenizer's own ChatML template is not one it knows.
+    responses; the tiny tokenizer's own ChatML template is not one it knows. `config_overrides` go to the model's
+    config (`build_tiny_model_and_tokenizer`), e.g. ``tie_word_embeddings=False`` for an LM head of its own.
     """
     from trl_ext.testing import build_tiny_model_and_tokenizer, save_tiny_model
 
-    model, tokenizer = build_tiny_model_and_tokenizer(seed, vllm=True)
+    model, tokenizer = build_tiny_model_and_tokenizer(seed, vllm=True, **config_overrides)
     tokenizer.chat_template = (files("trl") / "chat_templates" / "qwen2_5.jinja").read_text()
     return save_tiny_model(model, tokenizer, directory)
 
@@ -74,21 +88,51 @@ class VLLMServer:
         with urllib.request.urlopen(f"{self.url}{path}", timeout=timeout) as response:
             return json.loads(response.read())
 
-    def post_json(self, path: str, body: dict, timeout: float = 120.0) -> Any:
+    def post(self, path: str, body: dict, timeout: float = 120.0) -> str:
+        """POST `body` as JSON to `path`; returns the reply's text (some vLLM endpoints answer in plain text)."""
         request = urllib.request.Request(
             f"{self.url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
         )
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
-                return json.loads(response.read())
+                return response.read().decode()
         except urllib.error.HTTPError as error:  # vLLM's reply names the problem: keep it in the error
             raise RuntimeError(
                 f"POST {path} failed with {error.code}: {error.read().decode(errors='replace')}"
             ) from error
 
+    def post_json(self, path: str, body: dict, timeout: float = 120.0) -> Any:
+        return json.loads(self.post(path, body, timeout))
+
     def served_models(self) -> list[str]:
         """The names ``/v1/models`` lists: the base model and every LoRA adapter loaded now."""
         return [entry["id"] for entry in self.get_json("/v1/models")["data"]]
+
+    def lora_adapters(self) -> list[str]:
+        """The LoRA adapters loaded now: every name ``/v1/models`` lists but the base model's."""
+        return [name for name in self.served_models() if name != self.model]
+
+    def is_paused(self) -> bool:
+        """Whether generation is paused (``/pause``, which TRL's weight sync calls; dev mode's ``/is_paused``)."""
+        return self.get_json("/is_paused")["is_paused"]
+
+    def clear_lora_adapters(self) -> None:
+        """Unload every LoRA adapter and resume generation, then check that both took.
+
+        A trainer publishes its adapters as ``trl-policy-v1``, ``trl-policy-v2``, ... in every run, and vLLM refuses
+        to load a name it holds: one server serves a second trainer only once the first one's adapters are gone. A
+        run that ended during a weight sync can leave the server paused. Raises `RuntimeError` naming what is left.
+        """
+        for name in self.lora_adapters():
+            self.post("/v1/unload_lora_adapter", {"lora_name": name})
+        if self.is_paused():
+            self.post("/resume", {})
+        left, paused = self.lora_adapters(), self.is_paused()
+        if left or paused:
+            raise RuntimeError(
+                f"The vLLM server at {self.url} still holds the LoRA adapters {left} (paused: {paused}) after "
+                f"unloading them all and resuming it; its log: {self.log_path}"
+            )
 
     def prompt_logprobs(self, model: str, token_ids: list[int]) -> list[float]:
         """Log-probability of each token of `token_ids` after the ones before it, under `model` (base or adapter).
