@@ -47,6 +47,7 @@ from .repl import PythonREPL
 from .repl_protocol import QueryRefused, QueryRequest
 from .sandbox import SandboxBackend, select_backend
 from .scaffold import (
+    CellQueryUse,
     RLMScaffoldConfig,
     build_system_prompt,
     build_turn_messages,
@@ -54,6 +55,7 @@ from .scaffold import (
     find_code_block,
     find_final_answer,
     format_observation,
+    query_budget_refusal,
 )
 from .scheduler import GeneratorError, Join, WaveScheduler
 from .tree import LLMCall, RolloutNode, RolloutTree, Turn, preorder
@@ -85,7 +87,9 @@ class EngineStats:
         sequences: completions generated (actions and ``llm_query`` completions).
         nodes, turns: rollout nodes (roots and children) and their turns.
         children: child nodes started; degraded_rlm_queries: ``rlm_query`` prompts answered by a plain completion
-            (depth or budget limit); refused_queries: query calls refused (too many prompts, prompt too long).
+            (depth or budget limit); refused_queries: query calls refused (too many prompts, a prompt too long,
+            the cell's query budget spent); over_budget_queries: those of them refused for the cell's budget
+            (``max_cell_queries``, ``max_cell_query_chars``, ``max_cell_query_tokens``, ``max_cell_query_time_s``).
         llm_queries: plain completions requested by code (degraded ``rlm_query`` prompts included).
         repl_cells: cells run; repl_errors: cells that raised; repl_timeouts: cells killed at the time limit;
             repl_crashes: cells whose interpreter died; repl_restarts: cells run in a restarted interpreter;
@@ -103,6 +107,7 @@ class EngineStats:
     children: int = 0
     degraded_rlm_queries: int = 0
     refused_queries: int = 0
+    over_budget_queries: int = 0
     llm_queries: int = 0
     repl_cells: int = 0
     repl_errors: int = 0
@@ -279,7 +284,7 @@ class RLMEngine:
 
                 if turn.code is not None:
                     repl = await repl_future
-                    serve = partial(self._serve_query, run, node, turn_index)
+                    serve = partial(self._serve_query, run, node, turn_index, CellQueryUse())
                     turn.repl_result = await repl.aexecute(turn.code, on_query=serve)
                     self._count_cell(run.stats, turn)
 
@@ -355,8 +360,20 @@ class RLMEngine:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # ------------------------------------------------------------------------------------------ queries
-    async def _serve_query(self, run: _Run, node: RolloutNode, turn_index: int, request: QueryRequest) -> list[str]:
-        """Answer one ``llm_query*``/``rlm_query*`` call of `node`'s code (the REPL waits meanwhile)."""
+    async def _serve_query(
+        self, run: _Run, node: RolloutNode, turn_index: int, used: CellQueryUse, request: QueryRequest
+    ) -> list[str]:
+        """Answer one ``llm_query*``/``rlm_query*`` call of `node`'s code (the REPL waits meanwhile), within the
+        cell's query budget: `used` is what the cell's earlier calls used, and grows by what this one uses."""
+        started = time.monotonic()
+        try:
+            return await self._answer_query(run, node, turn_index, used, request)
+        finally:
+            used.time_s += time.monotonic() - started
+
+    async def _answer_query(
+        self, run: _Run, node: RolloutNode, turn_index: int, used: CellQueryUse, request: QueryRequest
+    ) -> list[str]:
         config, stats = self.config, run.stats
         turn = node.turns[turn_index]
         request_index = run.next_request_index(node, turn_index)
@@ -377,12 +394,25 @@ class RLMEngine:
         if request.recursive and node.depth < config.max_depth:
             tree_nodes = run.trees[run.tree_of[id(node)]]
             num_children = max(0, min(len(prompts), config.max_total_children - (len(tree_nodes) - 1)))
-        if request.recursive:
-            stats.degraded_rlm_queries += len(prompts) - num_children
         llm_prompts = [
             self._plain_prompt(prompt, request.contexts[index] if request.contexts is not None else None)
             for index, prompt in enumerate(prompts)
         ][num_children:]
+        # Every length check comes before tokenizing, whose cost grows with the text.
+        texts = [*prompts[:num_children], *llm_prompts]
+        for text in texts:
+            if len(text) > config.max_query_prompt_chars:
+                stats.refused_queries += 1
+                raise QueryRefused(
+                    f"a query prompt of {len(text):,} characters is longer than max_query_prompt_chars="
+                    f"{config.max_query_prompt_chars:,}; shorten it, or pass the text in parts (it starts {text[:80]!r})"
+                )
+        refusal = query_budget_refusal(config, used, request.function, texts)
+        if refusal is not None:
+            stats.refused_queries += 1
+            stats.over_budget_queries += 1
+            raise QueryRefused(refusal)
+        used.prompt_chars += sum(len(text) for text in texts)  # counted even when refused for its tokens below
         llm_prompt_ids = [self._render([{"role": "user", "content": prompt}]) for prompt in llm_prompts]
         if config.max_prompt_tokens is not None:
             for prompt, ids in zip(llm_prompts, llm_prompt_ids):
@@ -393,6 +423,9 @@ class RLMEngine:
                         f"shorten it (it starts {prompt[:80]!r})"
                     )
 
+        if request.recursive:
+            stats.degraded_rlm_queries += len(prompts) - num_children
+        used.prompts += len(prompts)
         join = Join(run.scheduler, len(prompts))
         for index in range(num_children):
             context = request.contexts[index] if request.contexts is not None else None
@@ -405,6 +438,7 @@ class RLMEngine:
 
         answers = list(results[:num_children])
         for prompt, ids, completion in zip(llm_prompts, llm_prompt_ids, results[num_children:]):
+            used.generated_tokens += len(completion.token_ids)
             text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
             turn.llm_calls.append(LLMCall(prompt, ids, completion.token_ids, completion.logprobs, text, request_index))
             answers.append(text)

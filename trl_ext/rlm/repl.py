@@ -22,8 +22,9 @@ Inside the REPL the model's code finds:
 - Task helpers: source code passed as ``helpers`` runs in the namespace at start (define functions there), and
   ``helper_objects`` (name -> picklable object) are copied in; objects pickled by reference (functions,
   classes) must be importable from the interpreter's stdlib or site-packages.
-- A trailing expression is echoed like in the interactive interpreter; stdout and stderr are captured together
-  (the first `max_output_chars` characters), and so is output written to descriptors 1/2 by subprocesses.
+- A trailing expression is echoed like in the interactive interpreter; stdout and stderr are captured together,
+  and so is output written to descriptors 1/2 by subprocesses (to a file inside the REPL's `disk_mb`, emptied
+  after each cell): the first `max_output_chars` characters of it all are kept, cut again on the trainer's side.
 
 The query functions block the model's code and send a request to the parent, which answers through
 ``on_query``: a callable ``QueryRequest -> list[str]`` for `execute`, or an async one for `aexecute` (the
@@ -67,6 +68,7 @@ from .repl_protocol import (
     QueryRequest,
     ReplResult,
     Wire,
+    cap_text,
     parse_query,
     parse_result,
 )
@@ -89,6 +91,9 @@ REPL_RESTART_NOTICE = (
     "[The REPL was restarted because {reason}. Variables from earlier cells are lost; `context` and the helper "
     "functions were loaded again.]\n"
 )
+
+# The error of a cell during which another thread closed the REPL (`PythonREPL.close`).
+_CLOSED_DURING_CELL = "The REPL was closed while this cell ran (PythonREPL.close); the cell did not finish."
 
 _T = TypeVar("_T")
 
@@ -241,8 +246,13 @@ class PythonREPL:
             self._executing = False
 
     def close(self) -> None:
-        """Kill the interpreter and everything it started, and remove the working directory. Idempotent."""
-        self._finalizer()
+        """Kill the interpreter and everything it started, and remove the working directory.
+
+        Idempotent and safe from any thread, also during a cell: every caller returns once all of it is gone, and
+        the running cell returns a crashed `ReplResult` (no exception reaches its caller).
+        """
+        self._finalizer.detach()
+        self._resources.release()
 
     async def aclose(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.close)
@@ -259,7 +269,11 @@ class PythonREPL:
 
     # ------------------------------------------------------------------------------------------ internals
     def _start_interpreter(self) -> None:
-        """Spawn a fresh interpreter and send it the init payload (blocking; run off the event loop)."""
+        """Spawn a fresh interpreter and send it the init payload (blocking; run off the event loop).
+
+        Raises:
+            SandboxError: the REPL is closed (a `close` from another thread: no interpreter may start after it).
+        """
         resources = self._resources
         spec = LaunchSpec(
             limits=self.limits,
@@ -270,10 +284,13 @@ class PythonREPL:
             env=self._env,
             init_payload=self._init_payload,
         )
-        process = self.backend.start(spec)
-        resources.interpreter = Interpreter(
-            process, Wire(process.read_fd, process.write_fd, self.limits.max_message_bytes)
-        )
+        with resources.lock:
+            if resources.released:
+                raise SandboxError("This PythonREPL is closed; create a new one.")
+            process = self.backend.start(spec)
+            resources.interpreter = Interpreter(
+                process, Wire(process.read_fd, process.write_fd, self.limits.max_message_bytes)
+            )
 
     async def _ensure_ready(self) -> str:
         """Start or restart the interpreter if needed and wait until it is ready; returns a restart notice."""
@@ -299,16 +316,20 @@ class PythonREPL:
                 interpreter.ready = True
                 interpreter.process.freeze()  # nothing of the REPL runs between cells
                 return notice
-            problem = f"could not load `context` or the helpers:\n{message.get('error')}"
-        returncode = await loop.run_in_executor(None, interpreter.kill)
-        self._resources.interpreter = None
-        self._lost_reason = "it failed to start"
+            error = message.get("error")
+            problem = f"could not load `context` or the helpers:\n{cap_text(str(error), self.limits.max_output_chars)}"
+        returncode = await self._lose_interpreter("it failed to start")
         raise SandboxError(
             f"The sandboxed interpreter {problem} ({describe_exit(returncode)}). Its output:\n{self._log_tail()}"
         )
 
     async def _execute(self, code: str, on_query: AsyncQueryHandler | None) -> ReplResult:
-        notice = await self._ensure_ready()
+        try:
+            notice = await self._ensure_ready()
+        except SandboxError:
+            if self.closed:
+                return ReplResult(stdout="", error=_CLOSED_DURING_CELL, crashed=True)
+            raise
         interpreter = self._resources.interpreter
         assert interpreter is not None
         wire, process = interpreter.wire, interpreter.process
@@ -332,7 +353,7 @@ class PythonREPL:
                     process.freeze()
                     if wire.pending():
                         raise ProtocolError("extra bytes after the cell's result")
-                    result = parse_result(message, self.limits.max_answer_chars)
+                    result = parse_result(message, self.limits.max_output_chars, self.limits.max_answer_chars)
                     return replace(result, stdout=notice + result.stdout, restarted=bool(notice))
                 if message["kind"] != "query":
                     raise ProtocolError(f"unexpected message kind {message['kind']!r:.40}")
@@ -350,6 +371,8 @@ class PythonREPL:
             return ReplResult(stdout=notice, error=error, timed_out=True, restarted=bool(notice))
         except (ChildGone, ProtocolError) as exc:
             returncode = await self._lose_interpreter(None)
+            if self.closed:
+                return ReplResult(stdout=notice, error=_CLOSED_DURING_CELL, crashed=True, restarted=bool(notice))
             if isinstance(exc, ProtocolError):
                 what = f"broke the REPL protocol ({exc})"
             elif process.out_of_memory():
@@ -383,20 +406,33 @@ class PythonREPL:
         return {"kind": "answer", "answers": answers}
 
     async def _lose_interpreter(self, reason: str | None) -> int | None:
-        interpreter = self._resources.interpreter
-        self._resources.interpreter = None
+        """Kill the current interpreter (the next cell starts a fresh one); returns its exit status."""
+        resources = self._resources
+        interpreter = resources.interpreter
         if reason is not None:
             self._lost_reason = reason
         if interpreter is None:
             return None
-        return await asyncio.get_running_loop().run_in_executor(None, interpreter.kill)
+        # Killed before it is dropped: a concurrent `close` then still finds it, and waits for the same kill.
+        returncode = await asyncio.get_running_loop().run_in_executor(None, interpreter.kill)
+        if resources.interpreter is interpreter:
+            resources.interpreter = None
+        return returncode
 
     def _log_tail(self, limit: int = 2000) -> str:
+        """The last `limit` bytes the sandbox wrote before it confined itself (its start-up errors), as text."""
+        resources = self._resources
+        if not resources.lock.acquire(blocking=False):
+            return ""  # being closed by another thread: the log is going away
         try:
-            size = os.fstat(self._resources.log_fd).st_size
-            data = os.pread(self._resources.log_fd, limit, max(0, size - limit))
+            if resources.released:
+                return ""
+            size = os.fstat(resources.log_fd).st_size
+            data = os.pread(resources.log_fd, limit, max(0, size - limit))
         except OSError:
             return ""
+        finally:
+            resources.lock.release()
         return data.decode("utf-8", "replace").strip()
 
     def _run_sync(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
@@ -407,9 +443,22 @@ class PythonREPL:
         else:  # called from inside an event loop (e.g. a notebook): run on a helper thread with its own loop
             with ThreadPoolExecutor(max_workers=1) as pool:
                 return pool.submit(asyncio.run, coroutine).result()
-        if self._resources.loop is None:
-            self._resources.loop = asyncio.new_event_loop()
-        return self._resources.loop.run_until_complete(coroutine)
+        resources = self._resources
+        with resources.lock:
+            if resources.released:
+                coroutine.close()
+                raise RuntimeError("This PythonREPL is closed; create a new one.")
+            if resources.loop is None:
+                resources.loop = asyncio.new_event_loop()
+            loop = resources.loop
+            resources.loop_in_use = True
+        try:
+            return loop.run_until_complete(coroutine)
+        finally:
+            with resources.lock:
+                resources.loop_in_use = False
+                if resources.released:  # closed by another thread during this cell: the loop is ours to close
+                    loop.close()
 
 
 def _format_log_tail(tail: str) -> str:

@@ -22,16 +22,19 @@ docs/security.md, class 5.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pickle
 import select
 import struct
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import threading
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = [
+    "OUTPUT_NOTE_CHARS",
     "QUERY_FUNCTIONS",
     "AsyncQueryHandler",
     "ChildGone",
@@ -41,11 +44,14 @@ __all__ = [
     "QueryRequest",
     "ReplResult",
     "Wire",
+    "cap_text",
     "parse_query",
     "parse_result",
 ]
 
 QUERY_FUNCTIONS = ("llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched")
+# Room for the note the sandbox puts after output it cut ("... [n more characters of output not shown]").
+OUTPUT_NOTE_CHARS = 80
 _HEADER = struct.Struct(">I")
 
 
@@ -54,9 +60,11 @@ class ReplResult:
     """What one cell produced.
 
     Attributes:
-        stdout: captured stdout+stderr (at most `max_output_chars` characters, then a note), preceded by
-            `REPL_RESTART_NOTICE` when the interpreter had to be restarted before this cell.
-        error: the traceback the model reads (only its own frames), or a description of a timeout/crash.
+        stdout: captured stdout+stderr (at most `max_output_chars` characters, then a note; the trainer cuts
+            whatever the sandbox sends), preceded by `REPL_RESTART_NOTICE` when the interpreter had to be
+            restarted before this cell.
+        error: the traceback the model reads (only its own frames, at most `max_output_chars` characters, then a
+            note), or a description of a timeout/crash.
         timed_out: the cell hit the wall-clock limit and the interpreter was killed.
         final_answer: set when the cell called ``FINAL_VAR``: the value, as a string.
         crashed: the interpreter died during the cell (crash, CPU limit, protocol violation) and was discarded.
@@ -118,7 +126,7 @@ AsyncQueryHandler = Callable[[QueryRequest], Awaitable[Sequence[str]]]
 
 
 class ChildGone(Exception):
-    """The interpreter closed its end of the pipe (it exited or was killed)."""
+    """The interpreter closed its end of the pipe (it exited or was killed), or the REPL closed the wire."""
 
 
 class ProtocolError(Exception):
@@ -127,22 +135,58 @@ class ProtocolError(Exception):
 
 # ------------------------------------------------------------------------------------------------- the wire
 class Wire:
-    """Framed messages over two non-blocking pipes: pickles out, JSON objects in."""
+    """Framed messages over two non-blocking pipes: pickles out, JSON objects in.
+
+    `close` may come from any thread, also while a `recv` or `send` waits on an event loop: the waiting call then
+    raises `ChildGone`, and the descriptors are closed once it has let go of them. They are never closed under a
+    running read or while a loop still watches them (a closed number is soon another REPL's pipe).
+    """
 
     def __init__(self, read_fd: int, write_fd: int, max_message_bytes: int) -> None:
         self.read_fd = read_fd
         self.write_fd = write_fd
         self.max_message_bytes = max_message_bytes
         self._buffer = bytearray()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._waiting: tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]] | None = None  # the call in flight
         os.set_blocking(read_fd, False)
         os.set_blocking(write_fd, False)
 
     def close(self) -> None:
-        for fd in (self.read_fd, self.write_fd):
+        """Close both pipes, once, from any thread (a call waiting on them raises `ChildGone`)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            waiting = self._waiting
+            if waiting is None:
+                self._close_fds()
+        if waiting is not None:  # its owner closes the descriptors when it lets go of them
+            loop, future = waiting
             try:
-                os.close(fd)
-            except OSError:
+                loop.call_soon_threadsafe(_fail_with_child_gone, future)
+            except RuntimeError:  # that loop is closed: nothing waits on it any more
                 pass
+
+    def _close_fds(self) -> None:
+        for fd in (self.read_fd, self.write_fd):
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def _in_flight(self, future: asyncio.Future[Any]) -> Iterator[None]:
+        """Marks `future` as the call waiting on the pipes until it is done (`close` then fails it)."""
+        with self._lock:
+            if self._closed:
+                raise ChildGone()
+            self._waiting = (asyncio.get_running_loop(), future)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waiting = None
+                if self._closed:
+                    self._close_fds()
 
     @staticmethod
     def encode(message: Mapping[str, Any]) -> bytes:
@@ -171,9 +215,12 @@ class Wire:
         """Bytes are waiting: buffered, or readable on the pipe right now."""
         if self._buffer:
             return True
-        poller = select.poll()  # not select.select: descriptors past 1023 are common with hundreds of REPLs
-        poller.register(self.read_fd, select.POLLIN)
-        return bool(poller.poll(0))
+        with self._lock:
+            if self._closed:
+                return False
+            poller = select.poll()  # not select.select: descriptors past 1023 are common with hundreds of REPLs
+            poller.register(self.read_fd, select.POLLIN)
+            return bool(poller.poll(0))
 
     def _read_available(self) -> bool:
         try:
@@ -205,13 +252,14 @@ class Wire:
             except Exception as exc:  # noqa: BLE001 - handed to the awaiting coroutine
                 future.set_exception(exc)
 
-        loop.add_reader(self.read_fd, on_readable)
-        try:
-            return await asyncio.wait_for(future, max(timeout_s, 0.0))
-        except asyncio.TimeoutError:
-            raise TimeoutError() from None
-        finally:
-            loop.remove_reader(self.read_fd)
+        with self._in_flight(future):
+            loop.add_reader(self.read_fd, on_readable)
+            try:
+                return await asyncio.wait_for(future, max(timeout_s, 0.0))
+            except asyncio.TimeoutError:
+                raise TimeoutError() from None
+            finally:
+                loop.remove_reader(self.read_fd)
 
     def _write_some(self, view: memoryview) -> int:
         try:
@@ -223,7 +271,10 @@ class Wire:
 
     async def send(self, message: Mapping[str, Any], timeout_s: float) -> None:
         view = memoryview(self.encode(message))
-        view = view[self._write_some(view) :]
+        with self._lock:
+            if self._closed:
+                raise ChildGone()
+            view = view[self._write_some(view) :]
         if not view:
             return
         loop = asyncio.get_running_loop()
@@ -241,13 +292,19 @@ class Wire:
             if not remaining[0]:
                 future.set_result(None)
 
-        loop.add_writer(self.write_fd, on_writable)
-        try:
-            await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
-            raise TimeoutError() from None
-        finally:
-            loop.remove_writer(self.write_fd)
+        with self._in_flight(future):
+            loop.add_writer(self.write_fd, on_writable)
+            try:
+                await asyncio.wait_for(future, timeout_s)
+            except asyncio.TimeoutError:
+                raise TimeoutError() from None
+            finally:
+                loop.remove_writer(self.write_fd)
+
+
+def _fail_with_child_gone(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(ChildGone())
 
 
 def parse_query(message: Mapping[str, Any]) -> QueryRequest:
@@ -266,7 +323,15 @@ def parse_query(message: Mapping[str, Any]) -> QueryRequest:
     )
 
 
-def parse_result(message: Mapping[str, Any], max_answer_chars: int) -> ReplResult:
+def parse_result(message: Mapping[str, Any], max_output_chars: int, max_answer_chars: int) -> ReplResult:
+    """The `ReplResult` a result frame describes, every text in it capped here, whatever the frame says: `stdout`
+    and `error` to `max_output_chars` and the room of the sandbox's note (`cap_text`), the final answer to
+    `max_answer_chars` (`answer_truncated`). The sandbox cuts its own output to the same limits (the first
+    `max_output_chars` characters, then a note counting the rest); a frame forged by model code need not.
+
+    Raises:
+        ProtocolError: a field has the wrong type.
+    """
     stdout, error, final_answer = message.get("stdout"), message.get("error"), message.get("final_answer")
     if not isinstance(stdout, str) or not isinstance(error, (str, type(None))):
         raise ProtocolError("a result needs a str 'stdout' and a str or null 'error'")
@@ -276,11 +341,18 @@ def parse_result(message: Mapping[str, Any], max_answer_chars: int) -> ReplResul
     if truncated:
         final_answer = final_answer[:max_answer_chars]
     return ReplResult(
-        stdout=valid_text(stdout),
-        error=valid_text(error) if error is not None else None,
+        stdout=valid_text(cap_text(stdout, max_output_chars + OUTPUT_NOTE_CHARS)),
+        error=valid_text(cap_text(error, max_output_chars + OUTPUT_NOTE_CHARS)) if error is not None else None,
         final_answer=valid_text(final_answer) if final_answer is not None else None,
         answer_truncated=truncated,
     )
+
+
+def cap_text(text: str, limit: int) -> str:
+    """`text` cut to its first `limit` characters and a note counting the rest; `text` itself when it fits."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n... [{len(text) - limit} more characters not shown]"
 
 
 def valid_text(text: str) -> str:

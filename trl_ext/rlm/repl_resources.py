@@ -32,18 +32,34 @@ class Interpreter:
     process: SandboxProcess
     wire: Wire
     ready: bool = False
+    _kill_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _killed: bool = False
+    _returncode: int | None = None
 
     def kill(self) -> int | None:
-        """Kill everything of this interpreter (the backend waits until nothing is left); returns its status."""
-        try:
-            return self.process.kill()
-        finally:
-            self.wire.close()
+        """Kill everything of this interpreter (the backend waits until nothing is left); returns its status.
+
+        Safe from any thread, any number of times: the first call kills, the others wait for it and return the
+        same status (a cell that loses its interpreter and a `close` from another thread both call this).
+        """
+        with self._kill_lock:
+            if not self._killed:
+                self._killed = True
+                try:
+                    self._returncode = self.process.kill()
+                finally:
+                    self.wire.close()
+            return self._returncode
 
 
 @dataclass
 class Resources:
-    """Everything a REPL owns for its whole life; `release` frees it all (also run by a GC finalizer)."""
+    """Everything a REPL owns for its whole life; `release` frees it all (also run by a GC finalizer).
+
+    `lock` orders the REPL's life against its end: `release` holds it while it frees everything, and an
+    interpreter is started only under it, so none starts once the REPL is released. `loop_in_use`: a synchronous
+    `execute` runs `loop` now, so `release` leaves closing it to that call.
+    """
 
     root_dir: str
     home: str
@@ -52,6 +68,7 @@ class Resources:
     shared_dirs: tuple[str, ...]  # host directories the backend shares with others (`SandboxBackend.shared_dirs`)
     interpreter: Interpreter | None = None
     loop: asyncio.AbstractEventLoop | None = None
+    loop_in_use: bool = False
     released: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -61,15 +78,17 @@ class Resources:
                 return
             self.released = True
             contained = False
-            if self.interpreter is not None:
-                self.interpreter.kill()
-                contained = self.interpreter.process.contained
+            interpreter = self.interpreter  # a cell on another thread may drop it meanwhile: kill is idempotent
+            if interpreter is not None:
+                interpreter.kill()
+                contained = interpreter.process.contained
                 self.interpreter = None
             if self.lease is not None:
                 self._release_uid(self.lease, contained)
             os.close(self.log_fd)
+            self.log_fd = -1
             force_rmtree(self.root_dir)
-            if self.loop is not None and not self.loop.is_closed() and not self.loop.is_running():
+            if self.loop is not None and not self.loop_in_use:
                 self.loop.close()
 
     def _release_uid(self, lease: UidLease, contained: bool) -> None:

@@ -21,12 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from ..fields import mirror_field
+from ..fields import documented, mirror_field
 from . import prompts
 from .repl_protocol import ReplResult
 from .sandbox import SandboxLimits
 
 __all__ = [
+    "CellQueryUse",
     "FinalAnswer",
     "RLMScaffoldConfig",
     "build_system_prompt",
@@ -36,6 +37,7 @@ __all__ = [
     "find_final_answer",
     "format_observation",
     "format_repl_output",
+    "query_budget_refusal",
     "truncate_output",
 ]
 
@@ -70,6 +72,9 @@ class RLMScaffoldConfig:
     max_prompt_tokens: a node whose rebuilt prompt is longer ends with "prompt_too_long"; an ``llm_query``
         prompt longer is refused. None: no check (set it to the engine's context length minus the completion
         length, or a long prompt fails the whole generator call).
+    max_query_prompt_chars, max_cell_queries, max_cell_query_chars, max_cell_query_tokens, max_cell_query_time_s:
+        what one REPL cell's queries may cost the trainer (their help texts; `query_budget_refusal`); past it the
+        model's code gets an error it can read, and the rollout goes on.
 
     > REPL sandbox (see `trl_ext.rlm.repl.PythonREPL`)
 
@@ -99,6 +104,31 @@ class RLMScaffoldConfig:
     max_total_children: int = field(default=64, metadata={"help": "Children in one root's tree, all depths."})
     max_llm_queries: int = field(default=64, metadata={"help": "Prompts one llm_query_batched call may pass."})
     max_prompt_tokens: int | None = field(default=None, metadata={"help": "Longest prompt sent to the generator."})
+    max_query_prompt_chars: int = documented(
+        200_000,
+        "Longest text in characters one query prompt may be: an llm_query prompt in its template (a degraded "
+        "rlm_query's context included) or a child's task. Checked before it is tokenized; a longer one is refused.",
+    )
+    max_cell_queries: int = documented(
+        256,
+        "Query prompts one REPL cell may send, all its llm_query/rlm_query calls together (each prompt of a batched "
+        "call counts); a call that would go past it is refused.",
+    )
+    max_cell_query_chars: int = documented(
+        1_000_000,
+        "Characters one REPL cell's query prompts may have together, checked before they are tokenized; a call "
+        "that would go past it is refused.",
+    )
+    max_cell_query_tokens: int = documented(
+        100_000,
+        "Tokens the plain completions of one cell's queries may generate together; once they have, the cell's "
+        "further queries are refused (children's own turns are not counted).",
+    )
+    max_cell_query_time_s: float = documented(
+        600.0,
+        "Wall time one cell's queries may take together (tokenizing, generating, waiting for children); once spent, "
+        "the cell's further queries are refused. The cell's own run time is bounded by the sandbox's timeout_s.",
+    )
     sandbox: SandboxLimits = field(
         default_factory=SandboxLimits, metadata={"help": "Limits and isolation of every REPL (SandboxLimits)."}
     )
@@ -127,8 +157,12 @@ class RLMScaffoldConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "max_children", "max_total_children", "max_llm_queries"):
+        positive = ("max_turns", "max_children", "max_total_children", "max_llm_queries", "max_query_prompt_chars")
+        for name in (*positive, "max_cell_queries", "max_cell_query_chars", "max_cell_query_tokens"):
             _check_int(name, getattr(self, name), minimum=1)
+        time_s = self.max_cell_query_time_s
+        if isinstance(time_s, bool) or not isinstance(time_s, (int, float)) or not time_s > 0:
+            raise ValueError(f"max_cell_query_time_s must be a positive number of seconds, got {time_s!r}")
         _check_int("max_depth", self.max_depth, minimum=0)
         if not isinstance(self.sandbox, SandboxLimits):
             raise TypeError(f"sandbox must be a SandboxLimits, got {type(self.sandbox).__name__}")
@@ -199,6 +233,11 @@ class ScaffoldArguments:
     max_total_children: int = _argument("max_total_children")
     max_llm_queries: int = _argument("max_llm_queries")
     max_prompt_tokens: int | None = _argument("max_prompt_tokens")
+    max_query_prompt_chars: int = _argument("max_query_prompt_chars")
+    max_cell_queries: int = _argument("max_cell_queries")
+    max_cell_query_chars: int = _argument("max_cell_query_chars")
+    max_cell_query_tokens: int = _argument("max_cell_query_tokens")
+    max_cell_query_time_s: float = _argument("max_cell_query_time_s")
     max_batch_size: int | None = _argument("max_batch_size")
     max_batch_wait_s: float | None = _argument("max_batch_wait_s")
     rlm_helpers: str | None = field(
@@ -247,6 +286,11 @@ _LIMITS = (
     "max_total_children",
     "max_llm_queries",
     "max_prompt_tokens",
+    "max_query_prompt_chars",
+    "max_cell_queries",
+    "max_cell_query_chars",
+    "max_cell_query_tokens",
+    "max_cell_query_time_s",
     "max_batch_size",
     "max_batch_wait_s",
 )
@@ -255,6 +299,63 @@ _LIMITS = (
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+# ------------------------------------------------------------------------------------------ query budget
+@dataclass
+class CellQueryUse:
+    """What the query calls of one REPL cell have used so far (the engine adds to it as it answers each call).
+
+    Attributes:
+        prompts: prompts accepted, every prompt of a batched call, children and plain completions alike.
+        prompt_chars: characters of its query texts that passed the length checks (counted before tokenizing,
+            even when the call is then refused for its token count).
+        generated_tokens: tokens generated for its plain completions (children's own turns are not counted).
+        time_s: wall time spent answering its calls, refused ones included (tokenizing, generating, waiting for
+            children), measured by the trainer.
+    """
+
+    prompts: int = 0
+    prompt_chars: int = 0
+    generated_tokens: int = 0
+    time_s: float = 0.0
+
+
+def query_budget_refusal(
+    config: RLMScaffoldConfig, used: CellQueryUse, function: str, texts: Sequence[str]
+) -> str | None:
+    """Why a cell that has used `used` may not make a call of `function` whose query texts (one per prompt: a
+    child's task or a plain completion's user message) are `texts`, or None when it may.
+
+    The budget is `config`'s ``max_cell_queries`` (prompts), ``max_cell_query_chars`` (characters),
+    ``max_cell_query_tokens`` (generated tokens) and ``max_cell_query_time_s`` (wall time). The tokens and time of a
+    call are known only once it is answered, so the call that crosses those two limits completes and the next one is
+    refused. Returns what the model's code reads in its ``RuntimeError``.
+    """
+    advice = "use what you have, or go on in the next cell (the budget is per cell)"
+    if used.prompts + len(texts) > config.max_cell_queries:
+        return (
+            f"{function} asked for {len(texts)} prompt(s), but this cell may send only "
+            f"{config.max_cell_queries - used.prompts} more (max_cell_queries={config.max_cell_queries}); {advice}"
+        )
+    chars = sum(len(text) for text in texts)
+    if used.prompt_chars + chars > config.max_cell_query_chars:
+        return (
+            f"{function} sends {chars:,} characters, but this cell may send only "
+            f"{config.max_cell_query_chars - used.prompt_chars:,} more (max_cell_query_chars="
+            f"{config.max_cell_query_chars:,}); {advice}"
+        )
+    if used.generated_tokens >= config.max_cell_query_tokens:
+        return (
+            f"this cell's queries have generated {used.generated_tokens:,} tokens, their budget "
+            f"(max_cell_query_tokens={config.max_cell_query_tokens:,}); {advice}"
+        )
+    if used.time_s >= config.max_cell_query_time_s:
+        return (
+            f"this cell's queries have taken {used.time_s:.1f} s, their budget "
+            f"(max_cell_query_time_s={config.max_cell_query_time_s:g}); {advice}"
+        )
+    return None
 
 
 # ------------------------------------------------------------------------------------------------ parsing

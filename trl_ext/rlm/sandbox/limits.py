@@ -77,7 +77,11 @@ class SandboxLimits:
         "Give model code the host's network. It then reaches every service the trainer can, including the "
         "unauthenticated endpoints of `trl vllm-serve` that replace the policy's weights. Namespaces only.",
     )
-    timeout_s: float = documented(10.0, "Wall-clock limit of one cell (time waiting for query answers not counted).")
+    timeout_s: float = documented(
+        10.0,
+        "Wall-clock limit of one cell, not counting the time it waits for query answers (the RLM scaffold's "
+        "max_cell_query_time_s and the other max_cell_query* limits bound a cell's queries).",
+    )
     startup_timeout_s: float = documented(30.0, "Time allowed for a REPL to start and load its context and helpers.")
     memory_mb: int = documented(
         1024,

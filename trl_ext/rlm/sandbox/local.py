@@ -37,7 +37,11 @@ logger = logging.getLogger(__name__)
 
 
 class LocalProcess(SandboxProcess):
-    """An interpreter under its supervisor (see `trl_ext.rlm.sandbox.child.supervisor`) on this host."""
+    """An interpreter under its supervisor (see `trl_ext.rlm.sandbox.child.supervisor`) on this host.
+
+    `kill` may come from another thread while a cell freezes or thaws the sandbox: `_lock` orders the two, and
+    once killed, freezing and thawing do nothing (its control groups are gone).
+    """
 
     def __init__(
         self,
@@ -57,18 +61,22 @@ class LocalProcess(SandboxProcess):
             self._pidfd = -1
         self._oom = False
         self._frozen = False
+        self._lock = threading.Lock()
+        self._killed = False
 
     def freeze(self) -> None:
-        # The server's own thread waits on its pipe between cells: only a REPL that holds other threads or
-        # processes has something to stop (this check saves the freezer's cost on most cells).
-        if self._cgroups is not None and self._cgroups.tasks() > 1:
-            self._cgroups.freeze()
-            self._frozen = True
+        with self._lock:
+            # The server's own thread waits on its pipe between cells: only a REPL that holds other threads or
+            # processes has something to stop (this check saves the freezer's cost on most cells).
+            if not self._killed and self._cgroups is not None and self._cgroups.tasks() > 1:
+                self._cgroups.freeze()
+                self._frozen = True
 
     def thaw(self) -> None:
-        if self._frozen:
-            self._cgroups.thaw()
-            self._frozen = False
+        with self._lock:
+            if self._frozen and not self._killed:
+                self._cgroups.thaw()
+                self._frozen = False
 
     def out_of_memory(self) -> bool:
         return self._oom or (self._cgroups is not None and self._cgroups.out_of_memory())
@@ -77,6 +85,8 @@ class LocalProcess(SandboxProcess):
         return self._cgroups.memory_peak_bytes() if self._cgroups is not None else None
 
     def kill(self) -> int | None:
+        with self._lock:  # after a freeze or thaw in progress; none starts from now on
+            self._killed = True
         if self._lifeline >= 0:  # end of file on the lifeline: the supervisor kills the sandbox and exits
             try:
                 os.write(self._lifeline, b"x")  # "closed on purpose": the supervisor leaves the REPL's directory

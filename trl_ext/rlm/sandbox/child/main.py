@@ -9,7 +9,8 @@
    ``O_PATH`` descriptor on every import directory while still privileged;
 3. it applies its rlimits and ``no_new_privs``, drops to its private uid (or clears its capabilities in a user
    namespace), installs the seccomp filter, kills anything left over under its uid, and points the import
-   system at ``/proc/self/fd/<n>`` for directories the uid cannot traverse (process backend);
+   system at ``/proc/self/fd/<n>`` for directories the uid cannot traverse (process backend); its stdout and
+   stderr leave the start-up log on the trainer's disk for an unlinked file in its own home (`_private_output`);
 4. it receives the init payload (``context``, helper source, helper objects), runs the helpers, reports ready;
 5. it serves cells until told to close or until the parent's end of the pipe closes.
 """
@@ -27,7 +28,7 @@ from .confine import (
     _rewrite_import_paths,
 )
 from .seccomp import _install_seccomp
-from .server import _format_exception, _reap_strays, _Server
+from .server import _format_exception, _private_output, _reap_strays, _Server
 from .supervisor import _supervise
 from .syscalls import _PR_SET_NO_NEW_PRIVS, _prctl
 from .wire import _Channel
@@ -58,6 +59,7 @@ def main():
         _install_seccomp()
     os.umask(0o077)
     os.chdir(config["home"])
+    _private_output()  # from here on, output goes to the REPL's own disk, not to the log on the trainer's
     if config["reap_strays"]:
         _reap_strays()  # leftovers of an earlier session that used the same private uid
     if config["namespace"]:

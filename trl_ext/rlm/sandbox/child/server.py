@@ -23,7 +23,7 @@ _RESERVED = frozenset((*_QUERY_FUNCTIONS, "context", "SHOW_VARS", "FINAL_VAR"))
 
 
 class _BoundedWriter:
-    """A text stream that keeps the first `limit` characters written to it and counts the rest."""
+    """A text stream that keeps the first `limit` characters written to it and counts them all (`written`)."""
 
     encoding = "utf-8"
     errors = "replace"
@@ -32,7 +32,7 @@ class _BoundedWriter:
         self.limit = limit
         self.parts = []
         self.kept = 0
-        self.dropped = 0
+        self.written = 0
 
     def write(self, text):
         if not isinstance(text, str):
@@ -41,7 +41,7 @@ class _BoundedWriter:
         if room > 0:
             self.parts.append(text[:room])
             self.kept += min(room, len(text))
-        self.dropped += max(0, len(text) - max(room, 0))
+        self.written += len(text)
         return len(text)
 
     def writelines(self, lines):
@@ -61,10 +61,8 @@ class _BoundedWriter:
         return True
 
     def getvalue(self):
-        text = "".join(self.parts)
-        if self.dropped:
-            text += f"\n... [{self.dropped} more characters of output not shown]"
-        return text
+        """The characters kept (at most `limit`)."""
+        return "".join(self.parts)
 
 
 class _Server:
@@ -190,10 +188,6 @@ class _Server:
         _SOURCES[filename] = code
         self.final_answer = None
         capture = _BoundedWriter(self.max_output_chars)
-        try:
-            fd_start = os.fstat(1).st_size
-        except OSError:
-            fd_start = 0
         saved = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = capture
         self.in_cell = True
@@ -217,7 +211,8 @@ class _Server:
             os._exit(0)
         if self.reap_strays:
             _reap_strays()
-        stdout = capture.getvalue() + _fd_output(fd_start, self.max_output_chars)
+        fd_text, fd_size = _fd_output(self.max_output_chars)
+        stdout = _cut_output(capture.getvalue() + fd_text, capture.written + fd_size, self.max_output_chars)
         answer = self.final_answer
         if answer is not None and len(answer) > self.max_answer_chars:  # the parent cuts it too (and records it)
             answer = answer[: self.max_answer_chars + 1]
@@ -265,19 +260,40 @@ def _format_exception(exc, limit, first_frame="<repl-"):
     return text
 
 
-def _fd_output(start, limit):
-    """Output written straight to file descriptors 1/2 (e.g. by a subprocess) during the cell."""
+def _cut_output(text, size, limit):
+    """A cell's output of `size` characters, of which `text` is the head: all of it when it fits in `limit`
+    characters, else its first `limit` characters and a note counting the rest."""
+    if size <= limit:
+        return text
+    return text[:limit] + f"\n... [{size - limit} more characters of output not shown]"
+
+
+def _private_output():
+    """Points descriptors 1 and 2 (the output of subprocesses and of C code) at an unlinked file in the REPL's
+    home: it counts against the REPL's own disk (`disk_mb`: its tmpfs in the namespace backend) and dies with the
+    REPL, where the log on the trainer's disk would grow with whatever model code writes. `_fd_output` empties it
+    after every cell."""
     try:
-        end = os.fstat(1).st_size
-        if end <= start:
-            return ""
-        data = os.pread(1, min(end - start, limit), start)
+        fd = os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_APPEND, 0o600)
+    except OSError:  # a file system without O_TMPFILE: a named file, unlinked at once
+        name = f".output-{os.getpid()}-{os.urandom(8).hex()}"
+        fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_APPEND, 0o600)
+        os.unlink(name)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _fd_output(limit):
+    """What was written straight to descriptors 1/2 (by a subprocess, by C code) during the cell: its first
+    `limit` bytes as text and its size in bytes. Empties the file (`_private_output`) for the next cell."""
+    try:
+        size = os.fstat(1).st_size
+        data = os.pread(1, min(size, limit), 0) if size else b""
+        os.ftruncate(1, 0)
     except OSError:  # model code closed or replaced descriptor 1
-        return ""
-    text = data.decode("utf-8", "replace")
-    if end - start > limit:
-        text += f"\n... [{end - start - limit} more bytes of output not shown]"
-    return text
+        return "", 0
+    return data.decode("utf-8", "replace"), size
 
 
 def _reap_strays():
