@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
+import logging
 import os
 import signal
 import socket
@@ -891,3 +892,362 @@ def test_7_execute_and_close_races_on_many_repls():
         assert not process_alive(pid)
         if uid is not None:
             assert processes_of_uid(uid) == []
+
+
+# ------------------------------------------------------- issue 30, class 6: freezing that cannot be dodged
+def _cpu_seconds_of_uid(uid: int) -> float:
+    """User + system CPU time of every live process of `uid` so far (from /proc/<pid>/stat, not the wall clock)."""
+    ticks = 0
+    for pid in processes_of_uid(uid):
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.fixture(params=["cgroup freezer", "stop signals"])
+def freezer(request, monkeypatch):
+    """The host as it is (control groups: the cgroup freezer), or as a host without control groups (the REPL's
+    processes are stopped with SIGSTOP instead)."""
+    if request.param == "cgroup freezer" and HOST.cgroups is not None:
+        pytest.skip(f"no control groups here: {HOST.cgroups}")
+    if request.param == "stop signals":
+        from dataclasses import replace
+
+        from trl_ext.rlm.sandbox import local
+
+        no_cgroups = replace(HOST, cgroups="simulated: a host without control groups", cgroup_dirs={})
+        monkeypatch.setattr(local, "host_support", lambda: no_cgroups)
+    return request.param
+
+
+# A single-threaded REPL whose timer signal handler burns CPU whenever it runs: between cells (the server waits on
+# its pipe, a read the signal interrupts) and while its query is answered.
+_TIMER_BURNER = """
+import signal, time
+def burn(*_):
+    end = time.thread_time() + 0.008
+    while time.thread_time() < end:
+        pass
+signal.signal(signal.SIGALRM, burn)
+signal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)
+"""
+
+
+@needs_root
+def test_6_a_timer_signal_handler_does_not_run_between_cells_or_during_a_query(freezer):
+    slow_query_cpu: list[float] = []
+
+    def on_query(request):  # a slow answer: the REPL waits, frozen, while the trainer measures its CPU time
+        before = _cpu_seconds_of_uid(repl.uid)
+        time.sleep(0.5)
+        slow_query_cpu.append(_cpu_seconds_of_uid(repl.uid) - before)
+        return ["answer"]
+
+    with PythonREPL(timeout_s=30, on_query=on_query) as repl:
+        assert run(repl, _TIMER_BURNER).error is None
+        assert run(repl, "import threading; print(threading.active_count())").stdout == "1\n"  # one thread only
+        # What the handler burns while the REPL runs (a cell that sleeps): the rate to compare with.
+        before = _cpu_seconds_of_uid(repl.uid)
+        run(repl, "time.sleep(0.5)")
+        running = _cpu_seconds_of_uid(repl.uid) - before
+        assert running > 0.05, running  # the attack is armed: the handler burns CPU while the REPL may run
+        before = _cpu_seconds_of_uid(repl.uid)
+        time.sleep(0.5)  # between cells
+        between_cells = _cpu_seconds_of_uid(repl.uid) - before
+        assert run(repl, "print(llm_query('slow'))").stdout == "answer\n"
+    assert between_cells < 0.1 * running, (between_cells, running)
+    assert slow_query_cpu[0] < 0.1 * running, (slow_query_cpu, running)
+
+
+# ------------------------------------------------------------------ issue 30, class 8: the process backend
+def _without_namespaces(monkeypatch) -> None:
+    """Make the REPLs of this test see a host without namespaces (where the process backend is the fallback)."""
+    from dataclasses import replace
+
+    from trl_ext.rlm.sandbox import local
+
+    no_namespaces = replace(HOST, namespaces="simulated: a host without namespaces")
+    monkeypatch.setattr(local, "host_support", lambda: no_namespaces)
+
+
+_SYSV = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+IPC_CREAT, IPC_EXCL = 0o1000, 0o2000
+def checked(result, what):
+    if result == -1:
+        raise OSError(ctypes.get_errno(), what + ": " + os.strerror(ctypes.get_errno()))
+    return result
+"""
+
+
+def _sysv_objects_of_uid(uid: int) -> list[str]:
+    found = []
+    for kind in ("shm", "msg", "sem"):
+        with open(f"/proc/sysvipc/{kind}") as handle:
+            header, *rows = [line.split() for line in handle]
+        for row in rows:
+            if uid in (int(row[header.index("uid")]), int(row[header.index("cuid")])):
+                found.append(f"{kind} {row[1]}")
+    return found
+
+
+@needs_root
+@pytest.mark.parametrize("host", ["this host", "no namespaces"])
+def test_8_sysv_shared_memory_dies_with_each_interpreter_life(host, monkeypatch):
+    if host == "no namespaces":
+        _without_namespaces(monkeypatch)
+    make = (
+        _SYSV
+        + """
+shm = checked(libc.shmget(0x30300801, 8 << 20, IPC_CREAT | 0o600), "shmget")
+address = libc.shmat(shm, None, 0)
+ctypes.memset(address, 1, 8 << 20)  # touched: 8 MB outside the memory group once this life ends
+checked(libc.msgget(0x30300802, IPC_CREAT | 0o600), "msgget")
+checked(libc.semget(0x30300803, 1, IPC_CREAT | 0o600), "semget")
+print("made")
+"""
+    )
+    find = _SYSV + "print([libc.shmget(0x30300801, 0, 0), libc.msgget(0x30300802, 0), libc.semget(0x30300803, 0, 0)])"
+    with PythonREPL(isolation="process", sandbox_uids=ONE_UID, timeout_s=30) as repl:
+        uid = repl.uid
+        assert run(repl, make).stdout == "made\n"
+        assert run(repl, "import os; os._exit(1)").crashed  # the next cell starts a new interpreter life
+        assert run(repl, find).stdout.endswith("[-1, -1, -1]\n")  # nothing of the last life is there
+        assert run(repl, make).stdout == "made\n"
+    assert _sysv_objects_of_uid(uid) == []
+
+
+@needs_root
+@needs_namespaces
+def test_8_concurrent_process_backend_repls_share_no_sysv_message_queue():
+    send = (
+        _SYSV
+        + """
+queue = checked(libc.msgget(0x30300804, IPC_CREAT | 0o666), "msgget")
+message = ctypes.create_string_buffer(8 + 6)
+ctypes.memmove(message, (1).to_bytes(8, "little") + b"secret", 14)
+checked(libc.msgsnd(queue, message, 6, 0), "msgsnd")
+print("sent")
+"""
+    )
+    receive = (
+        _SYSV
+        + """
+queue = libc.msgget(0x30300804, 0)
+message = ctypes.create_string_buffer(8 + 64)
+print("received", libc.msgrcv(queue, message, 64, 0, 0o4000) if queue != -1 else "no queue", message.raw[8:14])
+"""
+    )
+    with PythonREPL(isolation="process") as sender, PythonREPL(isolation="process") as receiver:
+        assert run(sender, send).stdout == "sent\n"
+        out = run(receiver, receive).stdout
+    assert "secret" not in out and "no queue" in out, out
+
+
+@needs_root
+@needs_namespaces
+def test_8_a_repl_cannot_take_every_pty():
+    hog = """
+import os, time
+def hold():
+    held = []
+    try:
+        while True:
+            held.append(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))
+    except OSError:
+        pass
+    return len(held)
+counts = []
+for _ in range(24):
+    read, write = os.pipe()
+    if os.fork() == 0:
+        os.write(write, str(hold()).encode() + b" ")
+        time.sleep(60)
+        os._exit(0)
+    counts.append(int(os.read(read, 16)))
+mine = hold()
+print(sum(counts) + mine, llm_query("may the trainer open a pty now?"))
+"""
+    opened: list[str] = []
+
+    def on_query(request):
+        try:
+            master, slave = os.openpty()
+        except OSError as exc:
+            opened.append(f"openpty failed: {exc}")
+        else:
+            os.close(master)
+            os.close(slave)
+            opened.append("ok")
+        return [opened[-1]]
+
+    with PythonREPL(isolation="process", timeout_s=60, on_query=on_query) as repl:
+        result = run(repl, hog)
+    assert opened == ["ok"], (opened, result)
+    held = int(result.stdout.split()[0])
+    assert held <= 64, held
+
+
+@needs_root
+def test_8_a_repl_that_breaks_its_own_restart_is_replaced_and_cannot_write_the_trainers_log(caplog):
+    # A REPL that shares a non-root trainer's uid can append to its own start-up log on the host; the test writes
+    # what it would (a root trainer's REPLs cannot: the log is root's), then the REPL makes its folder unusable to
+    # its own uid and crashes, so that its restart fails and the log's tail is reported.
+    forged = "\x1b[2J\x1b[1;31m\nWARNING trl_ext: forged by the policy\n"
+    break_restart = "import os\nos.chmod(os.getcwd(), 0)\nos._exit(1)"
+    with PythonREPL(isolation="process", timeout_s=30) as repl:
+        with open(os.path.join(repl._resources.root_dir, "stdio.log"), "a") as log:
+            log.write(forged)
+        results = [repl.execute(code) for code in (break_restart, "print('after')", "print('again')")]
+        logging.getLogger("trl_ext.rlm.engine").warning("cell error: %s", results[1].error)  # as a trainer would
+    crash, failed_restart, fresh = results
+    assert crash.crashed and failed_restart.crashed, results  # contained: a crashed cell, no exception
+    assert "could not be restarted" in failed_restart.error, failed_restart
+    assert fresh.error is None and fresh.stdout.endswith("again\n"), fresh  # the replaced REPL runs the next cell
+    for text in (caplog.text, *(result.error or "" for result in results)):
+        assert "\x1b" not in text, text
+        assert not any(line.startswith("WARNING trl_ext: forged") for line in text.splitlines()), text
+
+
+# ------------------------------------------------------------------ 4. the trainer is never the OOM victim
+_LOWER_OOM_SCORE = """
+import ctypes, os, subprocess
+ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: own /proc/self again after the privilege drop
+for path, value in (("oom_score_adj", "0"), ("oom_score_adj", "-1000"), ("oom_adj", "0")):
+    try:
+        with open(f"/proc/self/{path}", "w") as handle:
+            handle.write(value)
+        print("lowered", path, value)
+    except OSError as exc:
+        print("refused", type(exc).__name__)
+child = subprocess.run(  # a new program is dumpable: its /proc/self is its own
+    ["sh", "-c", "echo 0 > /proc/self/oom_score_adj; cat /proc/self/oom_score_adj"], capture_output=True, text=True
+)
+print("child", child.stdout.split()[-1])
+print("now", open("/proc/self/oom_score_adj").read().strip())
+"""
+
+
+def _has_capability(bit: int) -> bool:
+    with open("/proc/self/status") as handle:
+        effective = next(line for line in handle if line.startswith("CapEff:")).split()[1]
+    return bool(int(effective, 16) >> bit & 1)
+
+
+CAP_SYS_RESOURCE = 24
+
+
+@needs_root
+@pytest.mark.parametrize("isolation", ["auto", "process"])
+def test_4_every_repl_process_is_the_oom_killers_first_choice_and_model_code_cannot_change_it(isolation):
+    with PythonREPL(isolation=isolation, timeout_s=10) as repl:
+        run(repl, "1")  # the interpreter is up
+        # Seen from the trainer: the supervisor and the interpreter carry the top score.
+        processes = [repl.pid, *processes_of_uid(repl.uid)]
+        assert len(processes) == 2, processes
+        scores = {pid: open(f"/proc/{pid}/oom_score_adj").read().strip() for pid in processes}
+        assert set(scores.values()) == {"1000"}, scores
+        result = run(repl, _LOWER_OOM_SCORE)
+        # The namespace backend's /proc is read-only; on the host's /proc (process backend) the score written by a
+        # root trainer with CAP_SYS_RESOURCE is the lowest its processes may set. Without that capability (Docker
+        # drops it), model code of the process backend can lower its score (docs/security.md).
+        if repl.isolation == "namespace" or _has_capability(CAP_SYS_RESOURCE):
+            assert "lowered" not in result.stdout and result.stdout.count("refused") == 3, result
+            assert "child 1000" in result.stdout and "now 1000" in result.stdout, result
+        assert open(f"/proc/{repl.pid}/oom_score_adj").read().strip() == "1000"  # the supervisor runs no model code
+
+
+_TRAINER_IN_A_MEMORY_GROUP = """
+import json, os, sys, threading
+with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as handle:
+    handle.write("0")  # this trainer, and every process it starts, is charged to the 1 GiB group from now on
+weights = b"\\1" * (400 * 2**20)  # the trainer's own memory (model, optimiser states): the largest process here
+from trl_ext.rlm import PythonREPL
+
+# Each REPL fills its memory_mb with pages that no rlimit counts (memfds of 100 MB, under the largest file it may
+# write), 10 MB at a time, the two in step: with the trainer they pass the group's limit before either reaches its own.
+FILL = '''
+import os, time
+files = []
+while True:
+    files.append(os.memfd_create("fill"))
+    for _ in range(10):
+        os.write(files[-1], b"x" * (10 * 2**20))
+        time.sleep(0.02)
+'''
+repls = [PythonREPL(memory_mb=400, timeout_s=60) for _ in range(2)]
+results = [None, None]
+
+def fill(index):
+    results[index] = repls[index].execute(FILL)
+
+threads = [threading.Thread(target=fill, args=(index,)) for index in range(2)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+after = repls[0].execute("print('restarted')")
+for repl in repls:
+    repl.close()
+print(json.dumps({
+    "results": [{"crashed": r.crashed, "timed_out": r.timed_out, "error": r.error} for r in results],
+    "after": after.stdout,
+    "weights": len(weights),
+}))
+"""
+
+
+def _remove_group(path: str, timeout_s: float = 20) -> None:
+    """Remove a test memory group and the groups in it, once their processes are gone."""
+    deadline = time.monotonic() + timeout_s
+    for directory in sorted((entry[0] for entry in os.walk(path)), key=len, reverse=True):
+        while True:
+            try:
+                os.rmdir(directory)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+
+@needs_root
+@needs_cgroups
+def test_4_repls_at_their_memory_limits_never_get_the_trainer_oom_killed():
+    group = os.path.join(HOST.cgroup_dirs["memory"], f"trl_ext_test_trainer_{os.getpid()}")
+    try:
+        os.mkdir(group)
+    except OSError as exc:
+        pytest.skip(f"cannot create a memory group for the trainer under {HOST.cgroup_dirs['memory']}: {exc}")
+    try:
+        for name in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):
+            if os.path.exists(os.path.join(group, name)):
+                with open(os.path.join(group, name), "w") as handle:
+                    handle.write(str(2**30))
+        trainer = subprocess.run(
+            [sys.executable, "-c", _TRAINER_IN_A_MEMORY_GROUP, group], capture_output=True, text=True, timeout=300
+        )
+        assert trainer.returncode == 0, (trainer.returncode, trainer.stderr[-3000:])  # -9: the kernel killed it
+        report = json.loads(trainer.stdout.splitlines()[-1])
+        for result in report["results"]:  # both REPLs were killed for their memory, and said so
+            assert result["crashed"] and "ran out of memory" in result["error"], report
+        assert report["after"].endswith("restarted\n") and report["weights"] == 400 * 2**20
+    finally:
+        _remove_group(group)
+
+
+def test_4_the_repls_memory_budget_leaves_the_trainer_the_rest_of_its_group():
+    from trl_ext.rlm.sandbox.cgroups import repl_memory_budget
+
+    ram = 64 * 2**30
+    assert repl_memory_budget(2**30, ram) == 2**29  # half of a 1 GiB trainer group, whole pages
+    assert repl_memory_budget(2**30 + 4095, ram) % 4096 == 0
+    assert repl_memory_budget(9223372036854771712, ram) is None  # an unlimited group: no budget

@@ -50,7 +50,6 @@ import asyncio
 import os
 import pickle
 import sys
-import tempfile
 import time
 import weakref
 from collections.abc import Coroutine, Mapping, Sequence
@@ -72,7 +71,7 @@ from .repl_protocol import (
     parse_query,
     parse_result,
 )
-from .repl_resources import Interpreter, Resources, repl_parent_dir
+from .repl_resources import Interpreter, Resources, make_folder
 from .sandbox import (
     LaunchSpec,
     SandboxBackend,
@@ -80,9 +79,9 @@ from .sandbox import (
     SandboxLimits,
     acquire_uid,
     describe_exit,
-    force_rmtree,
     select_backend,
 )
+from .sandbox.backend import quote_sandbox_text
 
 __all__ = ["REPL_RESTART_NOTICE", "PythonREPL"]
 
@@ -154,23 +153,21 @@ class PythonREPL:
             raise SandboxError(f"PythonREPL needs Linux (rlimits, /proc, pipe2); this is {sys.platform}.")
         self.backend = backend if backend is not None else select_backend(self.limits)
         lease = acquire_uid(self.limits.sandbox_uids) if os.geteuid() == 0 else None
-        root_dir = tempfile.mkdtemp(prefix="trl_ext_repl_", dir=repl_parent_dir() if lease is not None else None)
         try:
-            if lease is not None:
-                os.chmod(root_dir, 0o711)  # traversable by the sandbox uid, not listable
-            home = self.backend.prepare(root_dir, lease)
-            log_fd = os.open(
-                os.path.join(root_dir, "stdio.log"), os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
-            )
+            folder = make_folder(self.backend, lease)
         except BaseException:
-            force_rmtree(root_dir)
             if lease is not None:
                 lease.release()
             raise
-        self._env = self.backend.environment(home, env)
-        self._resources = Resources(root_dir, home, log_fd, lease, shared_dirs=self.backend.shared_dirs)
+        self._extra_env = env
+        self._resources = Resources(
+            folder.root_dir, folder.home, folder.log_fd, lease, shared_dirs=self.backend.shared_dirs
+        )
         self._finalizer = weakref.finalize(self, self._resources.release)
         self._lost_reason: str | None = None
+        # An interpreter was ready in the current folder: a later start that fails there is a restart the REPL's
+        # own code may have broken (its files persist across lives), so the REPL is replaced instead of raising.
+        self._folder_used = False
         self._executing = False
         self._seq = 0
         self.restarts = 0
@@ -275,18 +272,18 @@ class PythonREPL:
             SandboxError: the REPL is closed (a `close` from another thread: no interpreter may start after it).
         """
         resources = self._resources
-        spec = LaunchSpec(
-            limits=self.limits,
-            lease=resources.lease,
-            root_dir=resources.root_dir,
-            home=resources.home,
-            log_fd=resources.log_fd,
-            env=self._env,
-            init_payload=self._init_payload,
-        )
         with resources.lock:
             if resources.released:
                 raise SandboxError("This PythonREPL is closed; create a new one.")
+            spec = LaunchSpec(
+                limits=self.limits,
+                lease=resources.lease,
+                root_dir=resources.root_dir,
+                home=resources.home,
+                log_fd=resources.log_fd,
+                env=self.backend.environment(resources.home, self._extra_env),
+                init_payload=self._init_payload,
+            )
             process = self.backend.start(spec)
             resources.interpreter = Interpreter(
                 process, Wire(process.read_fd, process.write_fd, self.limits.max_message_bytes)
@@ -314,10 +311,11 @@ class PythonREPL:
         else:
             if message.get("kind") == "ready" and message.get("error") is None:
                 interpreter.ready = True
+                self._folder_used = True
                 interpreter.process.freeze()  # nothing of the REPL runs between cells
                 return notice
-            error = message.get("error")
-            problem = f"could not load `context` or the helpers:\n{cap_text(str(error), self.limits.max_output_chars)}"
+            error = quote_sandbox_text(cap_text(str(message.get("error")), self.limits.max_output_chars))
+            problem = f"could not load `context` or the helpers:\n{error}"
         returncode = await self._lose_interpreter("it failed to start")
         raise SandboxError(
             f"The sandboxed interpreter {problem} ({describe_exit(returncode)}). Its output:\n{self._log_tail()}"
@@ -326,10 +324,12 @@ class PythonREPL:
     async def _execute(self, code: str, on_query: AsyncQueryHandler | None) -> ReplResult:
         try:
             notice = await self._ensure_ready()
-        except SandboxError:
+        except SandboxError as exc:
             if self.closed:
                 return ReplResult(stdout="", error=_CLOSED_DURING_CELL, crashed=True)
-            raise
+            if not self._folder_used:  # the first start in a fresh folder: the host or the helpers, not the REPL
+                raise
+            return await self._replace_after_failed_restart(exc)
         interpreter = self._resources.interpreter
         assert interpreter is not None
         wire, process = interpreter.wire, interpreter.process
@@ -392,6 +392,25 @@ class PythonREPL:
             await asyncio.shield(self._lose_interpreter("the previous cell was interrupted"))
             raise
 
+    async def _replace_after_failed_restart(self, failure: SandboxError) -> ReplResult:
+        """A restart failed where an interpreter ran before: the REPL's own code may have broken it (its folder
+        outlives each interpreter: a home made unusable, a log filled). The REPL is replaced: a new folder, the
+        next cell starts a fresh interpreter there, and this cell reports a crash instead of raising."""
+        folder = await asyncio.get_running_loop().run_in_executor(
+            None, make_folder, self.backend, self._resources.lease
+        )
+        if not self._resources.replace_folder(folder):
+            return ReplResult(stdout="", error=_CLOSED_DURING_CELL, crashed=True)
+        self._folder_used = False
+        self._lost_reason = (
+            "its restart failed, so it was replaced by a fresh REPL in a new folder (its files are lost)"
+        )
+        error = (
+            "The REPL could not be restarted, so it was replaced by a fresh one in a new folder: its variables and "
+            f"files are lost and this cell did not run. {failure}"
+        )
+        return ReplResult(stdout="", error=error, crashed=True)
+
     async def _answer(self, request: QueryRequest, on_query: AsyncQueryHandler | None) -> dict[str, Any]:
         if on_query is None:
             return {"kind": "answer", "error": f"{request.function} is not available in this REPL"}
@@ -420,7 +439,8 @@ class PythonREPL:
         return returncode
 
     def _log_tail(self, limit: int = 2000) -> str:
-        """The last `limit` bytes the sandbox wrote before it confined itself (its start-up errors), as text."""
+        """The last `limit` bytes the sandbox wrote before it confined itself (its start-up errors), as text made
+        safe for the trainer's log (`quote_sandbox_text`: a REPL that shares the trainer's uid can write there)."""
         resources = self._resources
         if not resources.lock.acquire(blocking=False):
             return ""  # being closed by another thread: the log is going away
@@ -433,7 +453,8 @@ class PythonREPL:
             return ""
         finally:
             resources.lock.release()
-        return data.decode("utf-8", "replace").strip()
+        tail = data.decode("utf-8", "replace").strip()
+        return quote_sandbox_text(tail) if tail else ""
 
     def _run_sync(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
         try:

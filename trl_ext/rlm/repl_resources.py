@@ -18,11 +18,45 @@ import threading
 from dataclasses import dataclass, field
 
 from .repl_protocol import Wire
-from .sandbox import SandboxError, SandboxProcess, UidLease, force_rmtree, processes_of_uid, remove_files_of_uid
+from .sandbox import (
+    SandboxBackend,
+    SandboxError,
+    SandboxProcess,
+    UidLease,
+    force_rmtree,
+    processes_of_uid,
+    remove_files_of_uid,
+)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Interpreter", "Resources", "repl_parent_dir", "traversable_by_others"]
+__all__ = ["Folder", "Interpreter", "Resources", "make_folder", "repl_parent_dir", "traversable_by_others"]
+
+
+@dataclass(frozen=True)
+class Folder:
+    """A REPL's private folder on the host: `root_dir` (removed at close), the sandbox's `home` in it as model code
+    sees it (`SandboxBackend.prepare`), and `log_fd`, the sandbox's start-up log there (``stdio.log``)."""
+
+    root_dir: str
+    home: str
+    log_fd: int
+
+
+def make_folder(backend: SandboxBackend, lease: UidLease | None) -> Folder:
+    """A new private folder for a REPL on `backend` (mode 0711 under a private uid: traversable, not listable)."""
+    root_dir = tempfile.mkdtemp(prefix="trl_ext_repl_", dir=repl_parent_dir() if lease is not None else None)
+    try:
+        if lease is not None:
+            os.chmod(root_dir, 0o711)
+        home = backend.prepare(root_dir, lease)
+        log_fd = os.open(
+            os.path.join(root_dir, "stdio.log"), os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
+        )
+    except BaseException:
+        force_rmtree(root_dir)
+        raise
+    return Folder(root_dir, home, log_fd)
 
 
 @dataclass
@@ -71,6 +105,19 @@ class Resources:
     loop_in_use: bool = False
     released: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def replace_folder(self, folder: Folder) -> bool:
+        """Move the REPL into `folder` (made by `make_folder`) and remove its old one, between interpreter lives;
+        returns False, and removes `folder`, if the REPL was released meanwhile."""
+        with self.lock:
+            if self.released:
+                old = folder
+            else:
+                old = Folder(self.root_dir, self.home, self.log_fd)
+                self.root_dir, self.home, self.log_fd = folder.root_dir, folder.home, folder.log_fd
+        os.close(old.log_fd)
+        force_rmtree(old.root_dir)
+        return old is not folder
 
     def release(self) -> None:
         with self.lock:

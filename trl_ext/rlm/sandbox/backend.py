@@ -108,6 +108,17 @@ class SandboxBackend(abc.ABC):
         """Start one interpreter and send it the server, its configuration and the init payload."""
 
 
+def quote_sandbox_text(text: str) -> str:
+    """`text` from a sandbox (its start-up log, a message) made safe for the trainer's log and exceptions: every
+    character that is not printable (terminal escapes, carriage returns, Unicode line and direction controls) is
+    written as its Python escape (``\\x1b``), and every line starts with ``| ``, so that no line of it can pass
+    for a record of the trainer's own log (``WARNING trl_ext: ...``). The one helper for every such string."""
+    return "\n".join(
+        "| " + "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in line)
+        for line in text.split("\n")
+    )
+
+
 def describe_exit(returncode: int | None) -> str:
     """Why a sandboxed interpreter stopped, in words the model can act on."""
     if returncode is None:

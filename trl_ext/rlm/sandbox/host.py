@@ -212,10 +212,16 @@ def isolation_report(limits: SandboxLimits) -> dict[str, Any]:
         isolated.append("per-REPL memory, processes, CPU, freezing between cells (control groups)")
     else:
         opened.append(
-            f"limits are per process, not per REPL, and nothing freezes REPLs between cells ({host.cgroups})"
+            f"limits are per process, not per REPL ({host.cgroups}); REPLs are frozen with stop signals, which a "
+            "process a cell started can dodge while a query is answered by leaving the server's process group"
         )
     if backend == "process":
         opened.append("disk use is capped per file, not per REPL")
+        if not (host.namespaces is None and host.as_root):  # else each REPL gets SysV IPC and ptys of its own
+            opened.append(
+                "SysV IPC and ptys are the host's: concurrent REPLs can talk through SysV objects, and a REPL can "
+                "take every pty while a cell runs"
+            )
     if host.seccomp is None:
         isolated.append("no_new_privs and a syscall filter (namespaces, mount, ptrace, keyctl, bpf...)")
     else:

@@ -39,6 +39,11 @@ logger = logging.getLogger(__name__)
 class LocalProcess(SandboxProcess):
     """An interpreter under its supervisor (see `trl_ext.rlm.sandbox.child.supervisor`) on this host.
 
+    Freezing stops every process of the sandbox, the server included, whatever it runs (docs/security.md, class 4):
+    with control groups, the cgroup freezer; without them, SIGSTOP to the server (through a pidfd) and to its
+    process group. The supervisor reports on the status pipe the server's pid (4 bytes, right after the fork),
+    then its wait status (4 bytes, when it is done).
+
     `kill` may come from another thread while a cell freezes or thaws the sandbox: `_lock` orders the two, and
     once killed, freezing and thawing do nothing (its control groups are gone).
     """
@@ -61,22 +66,52 @@ class LocalProcess(SandboxProcess):
             self._pidfd = -1
         self._oom = False
         self._frozen = False
+        self._server_pid: int | None = None  # read from the status pipe when first needed
+        self._server_pidfd = -1
         self._lock = threading.Lock()
         self._killed = False
 
     def freeze(self) -> None:
+        # Always, even when the server is the REPL's only task: its one thread waits on its pipe, but a signal
+        # handler of model code (a timer's) runs in that thread whenever the signal interrupts the wait.
         with self._lock:
-            # The server's own thread waits on its pipe between cells: only a REPL that holds other threads or
-            # processes has something to stop (this check saves the freezer's cost on most cells).
-            if not self._killed and self._cgroups is not None and self._cgroups.tasks() > 1:
-                self._cgroups.freeze()
+            if not self._killed:
+                if self._cgroups is not None:
+                    self._cgroups.freeze()
+                else:
+                    self._signal_server(signal.SIGSTOP)
                 self._frozen = True
 
     def thaw(self) -> None:
         with self._lock:
             if self._frozen and not self._killed:
-                self._cgroups.thaw()
+                if self._cgroups is not None:
+                    self._cgroups.thaw()
+                else:
+                    self._signal_server(signal.SIGCONT)
                 self._frozen = False
+
+    def _signal_server(self, signum: int) -> None:
+        """Send `signum` to the server's process group (what the cell started and left in it) and to the server
+        itself, through a pidfd (model code may have moved the server to another group; a pid may be reused)."""
+        if self._server_pid is None:
+            report = self._read_report(4, timeout_s=10)
+            if report is None:
+                return  # the supervisor is gone: so is the sandbox
+            self._server_pid = int.from_bytes(report, "big")
+            try:
+                self._server_pidfd = os.pidfd_open(self._server_pid)
+            except (AttributeError, OSError):
+                self._server_pidfd = -1
+        try:
+            os.killpg(self._server_pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self._server_pidfd >= 0:
+            try:
+                signal.pidfd_send_signal(self._server_pidfd, signum)
+            except ProcessLookupError:
+                pass
 
     def out_of_memory(self) -> bool:
         return self._oom or (self._cgroups is not None and self._cgroups.out_of_memory())
@@ -105,6 +140,9 @@ class LocalProcess(SandboxProcess):
             _poll_one(self._pidfd, 5)
             os.close(self._pidfd)
             self._pidfd = -1
+        if self._server_pidfd >= 0:
+            os.close(self._server_pidfd)
+            self._server_pidfd = -1
         if self._cgroups is not None:  # no process can leave its control groups: they hold all of the sandbox
             self._oom = self._cgroups.out_of_memory()
             self._cgroups.kill()
@@ -115,22 +153,30 @@ class LocalProcess(SandboxProcess):
 
     def _read_status(self, timeout_s: float) -> int | None:
         """The server's exit status as the supervisor reports it when it is done (None: no report in time)."""
+        deadline = time.monotonic() + timeout_s
+        if self._server_pid is None and self._read_report(4, timeout_s) is None:  # the pid comes first
+            data = None
+        else:
+            data = self._read_report(4, max(0.0, deadline - time.monotonic()))
+        if self._status >= 0:
+            os.close(self._status)
+            self._status = -1
+        return os.waitstatus_to_exitcode(int.from_bytes(data, "big")) if data is not None else None
+
+    def _read_report(self, size: int, timeout_s: float) -> bytes | None:
+        """The next `size` bytes of the supervisor's report (None: the pipe ended or stayed silent `timeout_s`)."""
         if self._status < 0:
             return None
         data = b""
         deadline = time.monotonic() + timeout_s
         poller = select.poll()
         poller.register(self._status, select.POLLIN)
-        try:
-            while len(data) < 4 and poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
-                chunk = os.read(self._status, 4 - len(data))
-                if not chunk:
-                    break
-                data += chunk
-        finally:
-            os.close(self._status)
-            self._status = -1
-        return os.waitstatus_to_exitcode(int.from_bytes(data, "big")) if len(data) == 4 else None
+        while len(data) < size and poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
+            chunk = os.read(self._status, size - len(data))
+            if not chunk:
+                break
+            data += chunk
+        return data if len(data) == size else None
 
     @property
     def contained(self) -> bool:
@@ -251,6 +297,8 @@ class LocalBackend(SandboxBackend):
             "gid": lease.gid if lease is not None else None,
             "cgroups": dict(cgroups.paths) if cgroups is not None else {},
             "namespace": self.namespace,
+            # The process backend where the host allows it: SysV IPC and ptys of its own (docs/security.md, class 8).
+            "private_ipc_and_ptys": not self.namespace and host.namespaces is None and host.as_root,
             "user_namespace": self.namespace and not host.as_root,
             "network": limits.network,
             "rootfs": os.path.join(spec.root_dir, "rootfs"),

@@ -1,6 +1,7 @@
-"""Inside the sandbox: confining the server before it runs model code: control groups, namespaces and a root file
-system showing only the runtime, rlimits, the privilege drop (private uid, or no capabilities in a user
-namespace), and imports from the interpreter's directories only.
+"""Inside the sandbox: confining the REPL before it runs model code: the first choice of the kernel's OOM killer,
+control groups, namespaces and a root file system showing only the runtime (its ``/proc`` read-only), rlimits, the
+privilege drop (private uid, or no capabilities in a user namespace), and imports from the interpreter's
+directories only.
 
 Threat model (docs/security.md, classes 1, 2, 4 and 7): each step takes something away from model code for good;
 `trl_ext.rlm.sandbox.child.main` runs them in order, while the process still has the privileges to.
@@ -32,6 +33,20 @@ from .syscalls import (
 )
 
 _PATH_ALIASES = {}  # "/proc/self/fd/<n>" -> the import directory it stands for, for tracebacks
+_OOM_SCORE_ADJ_MAX = 1000  # the kernel's OOM killer picks a process with this score before any process without
+
+
+def _volunteer_as_oom_victim():
+    """Make this process, and every process it will start, the kernel OOM killer's first choice.
+
+    The score is inherited by every fork, so the supervisor, the server and anything model code starts all carry
+    it: when memory runs out, in a control group that also holds the trainer or on the whole machine, a REPL
+    process dies, never the trainer (class 4). Written by a root process (root trainers), the score also becomes
+    the lowest one the process and its children may set without ``CAP_SYS_RESOURCE``, which model code never has;
+    in a user namespace (non-root trainers) the sandbox's ``/proc`` is read-only, so there is no file to lower it
+    through either (`_enter_namespaces`).
+    """
+    _write_file("/proc/self/oom_score_adj", str(_OOM_SCORE_ADJ_MAX))
 
 
 def _join_cgroups(paths):
@@ -88,8 +103,9 @@ def _enter_namespaces(config):
         os.chown(home, config["uid"], config["gid"])
     os.chmod(home, 0o700)
     # This process is PID 1 of the new PID namespace, so this /proc shows only the sandbox. It is mounted while the
-    # host's /proc is still in view: inside a user namespace the kernel allows a proc mount only then.
-    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    # host's /proc is still in view: inside a user namespace the kernel allows a proc mount only then. Read-only:
+    # model code must not write its processes' settings there (it would lower its OOM score first).
+    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY
     _check(mount(b"proc", inside("/proc").encode(), b"proc", flags, None), "mount /proc")
     os.chdir(root)
     _check(_c().syscall(_SYS_PIVOT_ROOT[os.uname().machine], b".", b"."), "pivot_root")

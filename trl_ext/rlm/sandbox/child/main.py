@@ -6,7 +6,8 @@
    the server (PID 1 there) and stays behind to reap, kill and report (`_supervise`);
 2. the server joins its control groups, enters mount, IPC, UTS (and network) namespaces and pivots into a root
    file system that shows only the runtime (`_enter_namespaces`); the process backend instead opens an
-   ``O_PATH`` descriptor on every import directory while still privileged;
+   ``O_PATH`` descriptor on every import directory while still privileged, and where the host allows it takes
+   SysV IPC and ptys of its own (`_private_ipc_and_ptys`);
 3. it applies its rlimits and ``no_new_privs``, drops to its private uid (or clears its capabilities in a user
    namespace), installs the seccomp filter, kills anything left over under its uid, and points the import
    system at ``/proc/self/fd/<n>`` for directories the uid cannot traverse (process backend); its stdout and
@@ -30,7 +31,19 @@ from .confine import (
 from .seccomp import _install_seccomp
 from .server import _format_exception, _private_output, _reap_strays, _Server
 from .supervisor import _supervise
-from .syscalls import _PR_SET_NO_NEW_PRIVS, _prctl
+from .syscalls import (
+    _CLONE_NEWIPC,
+    _CLONE_NEWNS,
+    _MS_BIND,
+    _MS_NOEXEC,
+    _MS_NOSUID,
+    _MS_PRIVATE,
+    _MS_REC,
+    _PR_SET_NO_NEW_PRIVS,
+    _c,
+    _check,
+    _prctl,
+)
 from .wire import _Channel
 from .zygote import _become_repl, _zygote
 
@@ -49,6 +62,8 @@ def main():
         opened = []  # the runtime is mounted where every uid can read it
     else:
         opened = _open_import_dirs(config["import_paths"])
+        if config["private_ipc_and_ptys"]:
+            _private_ipc_and_ptys()
     _apply_limits(config["limits"])
     _prctl(_PR_SET_NO_NEW_PRIVS, 1, "prctl(PR_SET_NO_NEW_PRIVS)")  # setuid binaries no longer raise privileges
     if config["uid"] is not None:
@@ -83,6 +98,23 @@ def main():
         channel.send({"kind": "ready", "error": _format_exception(exc, 20_000, first_frame="<helper-")})
         os._exit(1)
     server.serve()
+
+
+# The ptys a process-backend REPL may hold at once (its own devpts instance; the host's stay for the trainer).
+_MAX_PTYS = 16
+
+
+def _private_ipc_and_ptys():
+    """The process backend where the host allows namespaces (a root trainer): new IPC and mount namespaces, so that
+    its SysV shared memory, message queues and semaphores are its own (no channel to a concurrent REPL, nothing
+    left behind: they die with the namespace), and a devpts instance of its own on /dev/pts capped at `_MAX_PTYS`
+    ptys, so that it cannot take every pty of the host. The rest of the host's file system stays as it is."""
+    _check(_c().unshare(_CLONE_NEWIPC | _CLONE_NEWNS), "unshare(CLONE_NEWIPC | CLONE_NEWNS)")
+    mount = _c().mount
+    _check(mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
+    options = f"newinstance,ptmxmode=0666,mode=0620,max={_MAX_PTYS}".encode()
+    _check(mount(b"devpts", b"/dev/pts", b"devpts", _MS_NOSUID | _MS_NOEXEC, options), "mount a private /dev/pts")
+    _check(mount(b"/dev/pts/ptmx", b"/dev/ptmx", None, _MS_BIND, None), "bind /dev/pts/ptmx on /dev/ptmx")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ def _supervise(config, protocol_fds):
     _signal.signal(_signal.SIGCHLD, lambda *_: None)
     server = os.fork()
     if server == 0:
+        os.setpgid(0, 0)  # a process group of its own, which a trainer without control groups stops between cells
         _signal.set_wakeup_fd(-1)
         _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
         for fd in (lifeline, wake_read, wake_write, config["status_fd"]):  # model code must not write a status
@@ -54,6 +55,7 @@ def _supervise(config, protocol_fds):
         return
     for fd in protocol_fds:
         os.close(fd)
+    os.write(config["status_fd"], server.to_bytes(4, "big"))  # the server's pid, as the trainer's /proc numbers it
     import select
 
     status = None
@@ -99,6 +101,8 @@ def _supervise(config, protocol_fds):
             if not data:
                 os.close(lifeline)
                 lifeline = wake_read  # nothing more to read there
+    if config["uid"] is not None and not config["namespace"]:  # the process backend shares the host's SysV IPC
+        _remove_sysv_ipc_of_uid(config["uid"])
     if trainer_gone:  # end of file without the trainer's word: it died however it died; clean up after it
         for path in config["cgroups"].values():
             try:
@@ -151,3 +155,30 @@ def _kill_sandbox(config, server):
             except OSError:
                 pass
             os._exit(0)
+
+
+def _remove_sysv_ipc_of_uid(uid):
+    """Remove every SysV shared memory segment, message queue and semaphore set that `uid` created or owns.
+
+    Without an IPC namespace of its own (the process backend on a host without namespaces) a REPL's SysV objects
+    live in the host's: a shared memory segment would outlive the REPL, and its pages, charged to no group once the
+    REPL's memory group is gone, would escape ``memory_mb`` across restarts. Run once every process of the sandbox
+    is gone, as root (the private uid is the REPL's alone, so nothing else's objects are touched).
+    """
+    libc = _c()
+    ipc_rmid = 0
+    removers = {
+        "shm": lambda ipc_id: libc.shmctl(ipc_id, ipc_rmid, None),
+        "msg": lambda ipc_id: libc.msgctl(ipc_id, ipc_rmid, None),
+        "sem": lambda ipc_id: libc.semctl(ipc_id, 0, ipc_rmid),
+    }
+    for kind, remove in removers.items():
+        try:
+            with open(f"/proc/sysvipc/{kind}") as handle:
+                header, *rows = [line.split() for line in handle]
+        except (OSError, ValueError):
+            continue
+        id_column, uid_column, cuid_column = 1, header.index("uid"), header.index("cuid")
+        for row in rows:
+            if uid in (int(row[uid_column]), int(row[cuid_column])):
+                remove(int(row[id_column]))

@@ -9,6 +9,7 @@ import _pickle
 import _signal
 import os
 
+from .confine import _volunteer_as_oom_victim
 from .syscalls import _c
 
 
@@ -55,7 +56,9 @@ def _zygote(config):
 
 
 def _become_repl(request, fds):
-    """In a child of the zygote: take the REPL's descriptors, session, environment and directory."""
+    """In a child of the zygote: become the OOM killer's first choice (for every process of the REPL, supervisor
+    included), and take the REPL's descriptors, session, environment and directory."""
+    _volunteer_as_oom_victim()
     read_fd, write_fd, lifeline, status, log = fds
     os.setsid()
     os.dup2(log, 1)
