@@ -206,10 +206,28 @@ def memory_with_vllm(workdir: Path, args: argparse.Namespace) -> None:
         "VLLM_CPU_KVCACHE_SPACE": "1",
     }
     command = [
-        str(vllm), "serve", str(sft_dir), "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-        "--max-model-len", "2048", "--enable-lora", "--max-lora-rank", str(settings.lora_r), "--max-loras", "4",
+        str(vllm),
+        "serve",
+        str(sft_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "2048",
+        "--enable-lora",
+        "--max-lora-rank",
+        str(settings.lora_r),
+        "--max-loras",
+        "4",
         "--enforce-eager",
-    ]  # fmt: skip
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens",
+        "2048",
+    ]  # fmt: skip  (vllm-cpu 0.32: a seeded request whose prefill is chunked kills the engine, "CPU Generator does
+    # not use offset"; the RLM prompts here are long enough to be chunked)
     log = (root / "vllm_serve.log").open("w")
     server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
