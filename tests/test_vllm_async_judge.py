@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from .vllm_server import VLLM_TEST_MARKS
+from .vllm_server import VLLM_TEST_MARKS, count_prompts, served_run_settings, tiny_lora, trained_on_synced_adapters
 
 pytestmark = VLLM_TEST_MARKS
 
@@ -24,9 +24,6 @@ def length_reward(completions, **kwargs):
 
 
 def test_async_judge_trains_on_served_rollouts_with_the_scripted_judge(tmp_path, vllm_server):
-    from datasets import Dataset
-    from peft import LoraConfig
-
     from trl_ext.quickstart.scripted_server import ScriptedChatServer
     from trl_ext.trainers.async_judge import AsyncJudgeCreditConfig, AsyncJudgeCreditTrainer
 
@@ -43,36 +40,20 @@ def test_async_judge_trains_on_served_rollouts_with_the_scripted_judge(tmp_path,
             judge_timeout=10.0,
             marker_every=1,  # a marker before every token: the scripted judge picks exact spans
             judge_lambda=0.25,
-            max_steps=MAX_STEPS,
-            max_staleness=MAX_STALENESS,
-            per_device_train_batch_size=4,
-            token_budget=0,
-            queue_maxsize=16,
+            **served_run_settings(vllm_server, MAX_STEPS, MAX_STALENESS),
             num_generations=2,
             max_inflight_tasks=4,
             max_completion_length=12,
-            learning_rate=1e-2,
-            vllm_server_base_url=vllm_server.url,
-            use_cpu=True,
-            logging_steps=1,
-            report_to=[],
-            save_strategy="no",
-            seed=0,
         )
         trainer = AsyncJudgeCreditTrainer(
             vllm_server.model,
             length_reward,
             args=args,
-            train_dataset=Dataset.from_dict({"prompt": [f"count to {i}" for i in range(8)]}),
-            peft_config=LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]),
+            train_dataset=count_prompts(),
+            peft_config=tiny_lora(),
         )
         trainer.train()
-    generator = trainer.rollout_worker.generator
-    history = [entry for entry in trainer.state.log_history if "loss" in entry]
-
-    assert trainer.state.global_step == MAX_STEPS and len(history) == MAX_STEPS
-    assert generator.lora_name == "trl-policy" and max(generator.versions_used) >= 1  # asked for synced adapters
-    assert f"trl-policy-v{trainer.model_version}" in vllm_server.served_models()
+    history = trained_on_synced_adapters(trainer, vllm_server, MAX_STEPS)
     for entry in history:
         assert entry["judge/failure_ratio"] == 0.0 and entry["sample/staleness_max"] <= MAX_STALENESS, entry
         # p_old is vLLM's log-probs of the version that sampled: the trainer's policy scores the same tokens alike.

@@ -7,7 +7,7 @@ Skipped where vLLM is not installed; run with ``.venv-vllm/bin/python -m pytest 
 
 from __future__ import annotations
 
-from .vllm_server import VLLM_TEST_MARKS
+from .vllm_server import VLLM_TEST_MARKS, count_prompts, served_run_settings, tiny_lora, trained_on_synced_adapters
 
 pytestmark = VLLM_TEST_MARKS
 
@@ -21,19 +21,11 @@ def answered_reward(completions, **kwargs):
 
 
 def test_async_rlm_trains_on_turns_sampled_from_the_served_adapter(tmp_path, vllm_server):
-    from datasets import Dataset
-    from peft import LoraConfig
-
     from trl_ext.trainers.async_rlm import AsyncStepwiseRLMConfig, AsyncStepwiseRLMTrainer
 
     args = AsyncStepwiseRLMConfig(
         output_dir=str(tmp_path / "run"),
-        loss_type="ipo",
-        max_steps=MAX_STEPS,
-        max_staleness=MAX_STALENESS,
-        per_device_train_batch_size=4,
-        token_budget=0,
-        queue_maxsize=16,
+        **served_run_settings(vllm_server, MAX_STEPS, MAX_STALENESS),
         num_generations=2,
         max_inflight_tasks=4,
         max_completion_length=12,
@@ -42,30 +34,16 @@ def test_async_rlm_trains_on_turns_sampled_from_the_served_adapter(tmp_path, vll
         max_prompt_tokens=400,
         # A short system prompt: the built-in one is long in the tiny tokenizer's tokens (max_model_len 512).
         rlm_system_prompt="Answer with Python in a repl block. Context: {context_description}.{recursion_note}",
-        learning_rate=1e-2,
-        vllm_server_base_url=vllm_server.url,
-        use_cpu=True,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        seed=0,
     )
     trainer = AsyncStepwiseRLMTrainer(
         vllm_server.model,
         answered_reward,
         args=args,
-        train_dataset=Dataset.from_dict({"prompt": [f"count to {i}" for i in range(8)]}),
-        peft_config=LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]),
+        train_dataset=count_prompts(),
+        peft_config=tiny_lora(),
     )
     trainer.train()
-    generator = trainer.rollout_worker.generator
-    history = [entry for entry in trainer.state.log_history if "loss" in entry]
-
-    assert trainer.state.global_step == MAX_STEPS and len(history) == MAX_STEPS
-    assert (
-        generator.lora_name == "trl-policy" and max(generator.versions_used) >= 1
-    )  # asked for a synced adapter (v1: the sync before step 1)
-    assert f"trl-policy-v{trainer.model_version}" in vllm_server.served_models()
+    history = trained_on_synced_adapters(trainer, vllm_server, MAX_STEPS)
     for entry in history:
         assert entry["rlm/turns_mean"] >= 1.0 and entry["sample/staleness_max"] <= MAX_STALENESS, entry
         # p_old is vLLM's log-probs of the version that sampled: the trainer's policy scores the same tokens alike.

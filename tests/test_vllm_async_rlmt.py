@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from .vllm_server import VLLM_TEST_MARKS
+from .vllm_server import VLLM_TEST_MARKS, count_prompts, served_run_settings, tiny_lora, trained_on_synced_adapters
 
 pytestmark = VLLM_TEST_MARKS
 
@@ -21,9 +21,6 @@ STOP = "e"  # a one-character stop string the untrained policy hits; "</response
 
 
 def test_async_rlmt_trains_on_served_completions_scored_by_the_reward_model(tmp_path, vllm_server):
-    from datasets import Dataset
-    from peft import LoraConfig
-
     from trl_ext.rewards.rlmt import ZERO_PROMPT_PREFIX
     from trl_ext.testing import build_tiny_reward_model
     from trl_ext.trainers.async_rlmt import AsyncRLMTConfig, AsyncRLMTTrainer
@@ -38,40 +35,21 @@ def test_async_rlmt_trains_on_served_completions_scored_by_the_reward_model(tmp_
         reward_model_name_or_path=str(tmp_path / "rm"),
         reward_model_dtype="float32",
         strict_format=False,  # the untrained policy never writes </think>: score its text
-        loss_type="ipo",
-        max_steps=MAX_STEPS,
-        max_staleness=MAX_STALENESS,
-        per_device_train_batch_size=4,
-        token_budget=0,
-        queue_maxsize=16,
+        **served_run_settings(vllm_server, MAX_STEPS, MAX_STALENESS),
         num_generations=NUM_GENERATIONS,
         max_inflight_tasks=NUM_GENERATIONS,
         max_completion_length=16,
-        learning_rate=1e-2,
-        vllm_server_base_url=vllm_server.url,
-        use_cpu=True,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        seed=0,
     )
     trainer = AsyncRLMTTrainer(
         vllm_server.model,
         args=args,
-        train_dataset=Dataset.from_dict({"prompt": [f"count to {i}" for i in range(8)]}),
-        peft_config=LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]),
+        train_dataset=count_prompts(),
+        peft_config=tiny_lora(),
     )
     assert trainer.train_dataset[0]["prompt"].startswith(ZERO_PROMPT_PREFIX)
     trainer.train()
     worker = trainer.rollout_worker
-    generator = worker.generator
-    history = [entry for entry in trainer.state.log_history if "loss" in entry]
-
-    assert trainer.state.global_step == MAX_STEPS and len(history) == MAX_STEPS
-    assert (
-        generator.lora_name == "trl-policy" and max(generator.versions_used) >= 1
-    )  # asked for a synced adapter (v1: the sync before step 1)
-    assert f"trl-policy-v{trainer.model_version}" in vllm_server.served_models()
+    history = trained_on_synced_adapters(trainer, vllm_server, MAX_STEPS)
     tokenizer = worker.tokenizer
     completions = worker.last_completions
     assert len(completions) == NUM_GENERATIONS

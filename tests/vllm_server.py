@@ -259,3 +259,51 @@ def start_vllm_server(
                 f"raise the timeout on a slow machine. The end of its log ({log_path}):\n{log_tail(log_path)}"
             )
         time.sleep(0.5)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What the async method tests against the shared server have in common
+# ----------------------------------------------------------------------------------------------------------------
+def served_run_settings(server: VLLMServer, max_steps: int, max_staleness: int) -> dict[str, Any]:
+    """Config fields of a short asynchronous LoRA run against ``server``: IPO, 4 samples a micro-batch, a bounded
+    queue, the CPU, a log line per step, no checkpoints."""
+    return dict(
+        loss_type="ipo",
+        max_steps=max_steps,
+        max_staleness=max_staleness,
+        per_device_train_batch_size=4,
+        token_budget=0,
+        queue_maxsize=16,
+        learning_rate=1e-2,
+        vllm_server_base_url=server.url,
+        use_cpu=True,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        seed=0,
+    )
+
+
+def count_prompts() -> Any:
+    """The 8 prompts the async method tests train on."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [f"count to {i}" for i in range(8)]})
+
+
+def tiny_lora() -> Any:
+    """The adapter the async method tests train (rank 8 on the attention's q and v)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
+
+
+def trained_on_synced_adapters(trainer: Any, server: VLLMServer, max_steps: int) -> list[dict[str, Any]]:
+    """Assert ``trainer`` ran ``max_steps`` steps whose worker asked the server for synced adapters (v1 is the sync
+    before step 1) and that the server holds the last one; returns the steps' log entries."""
+    generator = trainer.rollout_worker.generator
+    history = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert trainer.state.global_step == max_steps and len(history) == max_steps
+    assert generator.lora_name == "trl-policy" and max(generator.versions_used) >= 1
+    assert f"trl-policy-v{trainer.model_version}" in server.served_models()
+    return history
