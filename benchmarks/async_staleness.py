@@ -291,11 +291,12 @@ def render(workdir: Path, command: str) -> str:
     rows, lines = [], []
     for record in records:
         for arm in record["arms"]:
-            by_lag = ", ".join(f"{lag}: {100 * value:.1f}%" for lag, value in arm["trust_region_by_lag"].items())
+            by_lag = ", ".join(f"{lag}: {100 * value:.3f}%" for lag, value in arm["trust_region_by_lag"].items())
             rows.append(
                 f"| {record['seed']} | {arm['staleness']} | {LOSS_LABELS[arm['loss']]} | {record['before']:.3f} → "
                 f"{arm['after']:.3f} | **{arm['after'] - record['before']:+.3f}** | "
-                f"{fmt(arm['trust_region'] and 100 * arm['trust_region'], '{:.2f}%')} | {by_lag or '–'} | "
+                f"{fmt(None if arm['trust_region'] is None else 100 * arm['trust_region'], '{:.3f}%')} | "
+                f"{by_lag or '–'} | "
                 f"{fmt(arm['lag_mean'], '{:.2f}')} | {arm['dropped']:.0f} of {arm['dropped'] + arm['samples']:.0f} | "
                 f"{arm['train_s'] / 60:.1f} min |"
             )
@@ -329,12 +330,13 @@ def render(workdir: Path, command: str) -> str:
             f"attention has no head size 16; IPO, max_staleness 2, {vllm['steps']} steps): peak PSS "
             f"trainer tree {peak['trainer']:.0f} MB, server tree {peak['server']:.0f} MB, both at once "
             f"{peak['total']:.0f} MB (mean lag {fmt(vllm['lag_mean'], '{:.2f}')}, IPO masked "
-            f"{fmt(vllm['masked_ratio'] and 100 * vllm['masked_ratio'], '{:.2f}%')})"
+            f"{fmt(None if vllm['masked_ratio'] is None else 100 * vllm['masked_ratio'], '{:.3f}%')}; the untrained "
+            "model never answers, so its advantages and loss are 0: a memory figure only)"
         )
     table = "\n".join(
         [
             "| seed | max_staleness | loss | held-out reward, SFT only → after RL | gain | trust region acts on "
-            "(mean over steps) | IPO masked by version lag | mean lag | dropped stale | train time |",
+            "(mean over steps) | IPO masked by version lag | mean lag | dropped stale | train time (3 seeds at once) |",
             "|---|---|---|---|---|---|---|---|---|---|",
             *rows,
         ]
