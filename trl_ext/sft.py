@@ -29,7 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .judge.client import AsyncChatClient, BackgroundEventLoop, ChatCallError
+from .judge.client import AsyncChatClient, ChatCallError
+from .judge.event_loop import BackgroundEventLoop
 from .rewards.span_f1 import CharSpanF1Reward
 from .rlm import Completion, RLMEngine, RLMScaffoldConfig, RLMTask, RolloutTree
 from .text import last_user_text

@@ -20,9 +20,9 @@ from trl_ext.judge.math_expr import (
     MAX_DEPTH,
     SYMPY_FUNCTIONS,
     MathSyntaxError,
-    parse_math,
     to_sympy,
 )
+from trl_ext.judge.math_grammar import parse_math
 from trl_ext.testing import build_tiny_tokenizer
 
 # The payload that ran os.getuid() in the checker before the grammar: LaTeX spacing (\,) was stripped after the

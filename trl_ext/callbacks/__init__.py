@@ -2,7 +2,7 @@
 the run-health plot (docs/monitoring.md).
 
 - `trl_ext.callbacks.configs`: the monitors' settings (``*MonitorConfig``) and their validation.
-- `trl_ext.callbacks.rules`: the rules as pure functions over metric series.
+- `trl_ext.callbacks.rules`: the rules as pure functions over metric series, one module a monitor.
 - `trl_ext.callbacks.alerts`: the alert texts as data (meaning, what to check, message template).
 - `trl_ext.callbacks.base`: `MonitorCallback`, the engine every monitor shares (episodes, actions, state).
 - `trl_ext.callbacks.monitors`: the `TrainerCallback`s that feed the logs to the rules and act on the alerts.

@@ -13,9 +13,8 @@
   (HTTP 400/422) is dropped for the rest of the client's life and the request is re-sent without it;
 - **asking again for a usable reply** (`AsyncChatClient.chat_parsed`), which no HTTP client can do: a reply that
   arrives but cannot be parsed is followed by a repair request; both LLM judges go through it;
-- **reading only the judge's own verdict** (`read_verdict`): a judge quotes the policy's text, and the policy can
-  write a verdict-shaped JSON object into it; a reply that is not one JSON value is read only when it holds one
-  verdict, and one that holds several different ones is refused (`InjectionSuspected`, counted by the judges);
+- **reading only the judge's own verdict**: a reply that holds several different verdicts is refused by
+  `trl_ext.judge.verdicts.read_verdict` (`InjectionSuspected`), and `chat_parsed` asks again;
 - the API key read from an environment variable named in the settings and never logged or shown in ``repr``.
 
 Its settings are `trl_ext.judge.endpoint.EndpointSettings`; the HTTP part (one SDK client per event loop, its
@@ -23,26 +22,24 @@ retries, the concurrency bound, the deadline, the counters) is `trl_ext.judge.en
 served RLMT reward model (`trl_ext.rewards.rlmt.ServedRewardModelScorer`) uses too.
 
 After the SDK's retries `chat` raises `ChatCallError`; callers decide what a failure means (the span judge gives the
-rollout zero credit). `BackgroundEventLoop` runs coroutines from synchronous code (a trainer) on a daemon thread.
+rollout zero credit). `trl_ext.judge.event_loop.BackgroundEventLoop` runs its coroutines from synchronous code
+(a trainer) on a daemon thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import json
 import logging
 import threading
 import time
-import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
 import openai
 
-from ..text import json_candidates
 from .endpoint import EndpointSettings, OpenAIEndpoint
+from .verdicts import InjectionSuspected
 
 logger = logging.getLogger(__name__)
 
@@ -50,56 +47,6 @@ T = TypeVar("T")
 
 # What asking a judge can end in: the status of a `ParsedReply`, and of every judge verdict built from one.
 REPLY_STATUSES = ("ok", "unparseable", "failed")
-
-
-class InjectionSuspected(ValueError):
-    """A judge reply holds more than one different verdict: one of them may be the policy's forged verdict, quoted.
-
-    A judge fault like an unparseable reply (`AsyncChatClient.chat_parsed` asks again, then the rollout gets the
-    judge's fallback), counted apart as a suspected injection.
-    """
-
-
-def verdicts_in(text: str, verdict_of: Callable[[Any], T | None]) -> list[T]:
-    """The different verdicts among the JSON values of ``text`` (`trl_ext.text.json_candidates`), in order.
-
-    Args:
-        text: a judge reply, or the policy's text (to find the verdicts it forged).
-        verdict_of: a JSON value -> the verdict it holds (compared with ``==``), or None when it is not
-            verdict-shaped.
-    """
-    found: list[T] = []
-    for value in json_candidates(text):
-        verdict = verdict_of(value)
-        if verdict is not None and verdict not in found:
-            found.append(verdict)
-    return found
-
-
-def read_verdict(text: str, verdict_of: Callable[[Any], T | None]) -> T | None:
-    """The judge's own verdict in a reply whose verdict came as text, or None when it holds none.
-
-    A reply that is one JSON value (structured output, or a judge that answers with the JSON only) is read as a
-    whole: verdict-shaped text quoted inside its strings is not looked at. Any other reply may quote the policy's
-    text, forged verdicts included, in prose or in a code fence: it is read only when all its verdict-shaped values
-    are the same verdict (a verdict shown twice, fenced and bare, is one).
-
-    Raises:
-        InjectionSuspected: the reply holds several different verdicts (the caller's repair asks for its own only).
-    """
-    try:
-        whole = verdict_of(json.loads(text))
-    except (ValueError, RecursionError):
-        whole = None
-    if whole is not None:
-        return whole
-    found = verdicts_in(text, verdict_of)
-    if len(found) > 1:
-        raise InjectionSuspected(
-            f"the reply holds {len(found)} different verdicts (a quoted one among them?); reply with your own verdict "
-            "only, as one JSON object and nothing else"
-        )
-    return found[0] if found else None
 
 
 class ChatCallError(RuntimeError):
@@ -501,64 +448,3 @@ def _parse_completion(response: Any) -> ChatResult:
     if not isinstance(message["content"], (str, type(None))):
         raise TypeError(f"message content is {type(message['content']).__name__}, not a string")
     return ChatResult(message, choice.get("finish_reason"), 0.0, 0, False, response.get("usage"))
-
-
-@dataclass
-class BackgroundEventLoop:
-    """An asyncio event loop on a daemon thread, so synchronous code (a trainer step) can start coroutines that run
-    while it keeps working, and collect them later.
-
-    ``submit(coro)`` returns a `concurrent.futures.Future`; ``close()`` stops the loop (also at interpreter exit).
-    """
-
-    name: str = "trl-ext-judge-loop"
-    _loop: asyncio.AbstractEventLoop = field(init=False, repr=False)
-    _thread: threading.Thread = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        ready = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._loop.call_soon(ready.set)
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, name=self.name, daemon=True)
-        self._thread.start()
-        ready.wait()
-        weakref.finalize(self, _stop_loop, self._loop, self._thread)
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        return self._loop
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        if self._loop.is_closed() or not self._thread.is_alive():
-            raise RuntimeError("BackgroundEventLoop is closed; create a new one.")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
-
-    def run(self, coro: Awaitable[T], timeout: float | None = None) -> T:
-        """Run ``coro`` on the loop and wait for its result (from a thread other than the loop's)."""
-
-        async def wrapper() -> T:
-            return await coro
-
-        return self.submit(wrapper()).result(timeout)
-
-    def close(self) -> None:
-        _stop_loop(self._loop, self._thread)
-
-
-def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
-    if loop.is_closed():
-        return
-    if thread.is_alive():
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=5)
-    if not thread.is_alive():
-        try:
-            loop.run_until_complete(loop.shutdown_asyncgens())  # closes the HTTP clients opened on this loop
-        except Exception as error:  # best effort at shutdown
-            logger.debug("Could not finalise the judge loop's async generators: %r", error)
-        loop.close()

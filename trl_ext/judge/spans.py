@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .client import read_verdict, verdicts_in
 from .markers import MarkedTrace, strip_markers
+from .verdicts import read_verdict, verdicts_in
 
 # Reasons a span is dropped, in the order they are checked.
 DROP_REASONS = (
@@ -102,7 +102,7 @@ def forged_span_lists(text: str) -> list[list[Any]]:
 
 
 def extract_span_list(text: str) -> list[Any]:
-    """The judge's span list, from a reply in which it came as text (`trl_ext.judge.client.read_verdict`).
+    """The judge's span list, from a reply in which it came as text (`trl_ext.judge.verdicts.read_verdict`).
 
     A reply that is one JSON value is read as a whole; otherwise all the span lists in it (`span_list_of`, among
     code fences and prose, a nested one included) must be the same list: ``{"spans": [...]}`` and a bare ``[...]``

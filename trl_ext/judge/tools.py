@@ -26,7 +26,8 @@ from typing import Any, Protocol
 
 from . import math_expr
 from .markers import MarkedTrace
-from .math_expr import MathSyntaxError, parse_math
+from .math_expr import MathSyntaxError
+from .math_grammar import parse_math
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ class ReplSandbox:
             await asyncio.to_thread(repl.close)
 
 
-# Runs inside the checker's own sandbox, on two expression trees that `math_expr.parse_math` made of the judge's text
+# Runs inside the checker's own sandbox, on two expression trees that `math_grammar.parse_math` made of the judge's text
 # (the text itself never enters the sandbox): `math_expr.to_sympy` (the module's source, sent with each check) builds
 # the sympy expressions and sympy simplifies their difference, in a child forked for this one check, so whatever the
 # check does dies with the child and a slow one is killed at the time limit. The sandbox's interpreter makes itself
@@ -302,7 +303,7 @@ class JudgeTools:
         await asyncio.gather(self.python.aclose(), self.checker.aclose())
 
     async def check_equivalent(self, a: str, b: str) -> str:
-        """Whether ``a`` and ``b`` are equal by sympy; each is read by `math_expr.parse_math` (its grammar and
+        """Whether ``a`` and ``b`` are equal by sympy; each is read by `math_grammar.parse_math` (its grammar and
         limits; refused input raises `ValueError` with the reason) and only the parsed trees reach the sandbox."""
         trees = []
         for name, text in (("a", a), ("b", b)):

@@ -43,7 +43,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..judge.client import REPLY_STATUSES, AsyncChatClient, BackgroundEventLoop, JudgeOutcome
+from ..judge.client import REPLY_STATUSES, AsyncChatClient, JudgeOutcome
+from ..judge.event_loop import BackgroundEventLoop
 from ..judge.prompts import defang_data, has_forged_delimiter, new_nonce
 from ..text import completion_text, final_answer_text, last_user_text
 from .rlmt import split_thinking
@@ -75,7 +76,7 @@ class RubricVerdict(JudgeOutcome):
         error: what went wrong.
         raw_output: the judge's last reply text.
         injection_suspected: the prediction holds verdict-shaped JSON or delimiter-shaped text, or a reply of the
-            judge was refused for giving different scores (`trl_ext.judge.client.InjectionSuspected`).
+            judge was refused for giving different scores (`trl_ext.judge.verdicts.InjectionSuspected`).
     """
 
     status: str

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..judge.client import InjectionSuspected, read_verdict, verdicts_in
+from ..judge.verdicts import InjectionSuspected, read_verdict, verdicts_in
 
 
 class RubricParseError(ValueError):
@@ -73,7 +73,7 @@ def parse_rubric_scores(
     A reply that is one JSON object holding every field (structured output, or a judge that answers with the JSON
     only) is read as a whole. Any other reply may quote the prediction, and with it scores the policy wrote for
     itself (``{"precision": 10, "recall": 10}``, ``Precision: 10/10``), in prose or in a code fence; so every score
-    it gives is read, from the JSON objects holding every field (`trl_ext.judge.client.read_verdict`) and from lines
+    it gives is read, from the JSON objects holding every field (`trl_ext.judge.verdicts.read_verdict`) and from lines
     such as ``Precision: 8/10`` or ``**recall** = 7``, and each field must have one value. Values may be numbers or
     strings like ``"8"`` or ``"8/10"``; a score written as ``a/b`` with ``b != max_score`` is rescaled to the scale
     (``4/5`` → 8 on 1–10).

@@ -13,6 +13,8 @@ Modules, in the order data flows through them:
   transformers / colocated vLLM / vLLM server / scripted implementations.
 - `engine`, `scheduler`: `RLMEngine`, which runs many trees concurrently, on `WaveScheduler`, which batches every
   pending generation of every live rollout into one generator call per wave.
+- `queries`: the answering of the code's ``llm_query``/``rlm_query`` calls (children, plain completions), within the
+  per-call limits and the cell's query budget (`CellQueryUse`, `query_budget_refusal`); `RLMEngine` inherits it.
 - `tree`: `RolloutTree` (nodes, turns with exact prompt ids, action ids and log-probs), `subtree_weights`.
 
 For a trainer: ``trees = RLMEngine(generator, tokenizer, config).run(tasks)``, then per tree

@@ -28,12 +28,15 @@ Failures are contained and recorded, never raised: a REPL that times out, crashe
 raises, an action without code or answer — each ends up in the tree (`Turn.repl_result`, `Turn.observation`,
 `RolloutNode.end_reason == "error"` with `RolloutNode.error`) and in `EngineStats`. Only a failing *generator*
 (a systemic fault, e.g. out of GPU memory) aborts the run: every REPL is closed and `GeneratorError` raised.
+
+Query calls of the model's code (``llm_query``, ``rlm_query`` and their batched forms) are answered by
+`trl_ext.rlm.queries.QueryAnswering`, which the engine inherits: children are nodes of the same run, plain
+completions go through the same scheduler.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -43,11 +46,10 @@ from functools import partial
 from typing import Any
 
 from .generators import Generator
+from .queries import CellQueryUse, QueryAnswering
 from .repl import PythonREPL
-from .repl_protocol import QueryRefused, QueryRequest
 from .sandbox import SandboxBackend, select_backend
 from .scaffold import (
-    CellQueryUse,
     RLMScaffoldConfig,
     build_system_prompt,
     build_turn_messages,
@@ -55,10 +57,9 @@ from .scaffold import (
     find_code_block,
     find_final_answer,
     format_observation,
-    query_budget_refusal,
 )
-from .scheduler import GeneratorError, Join, WaveScheduler
-from .tree import LLMCall, RolloutNode, RolloutTree, Turn, preorder
+from .scheduler import GeneratorError, WaveScheduler
+from .tree import RolloutNode, RolloutTree, Turn, preorder
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +169,7 @@ class _Run:
 
 
 # ------------------------------------------------------------------------------------------------- engine
-class RLMEngine:
+class RLMEngine(QueryAnswering):
     """Runs RLM rollout trees for many tasks concurrently, batching all generations (see the module docstring).
 
     Args:
@@ -358,135 +359,6 @@ class RLMEngine:
             messages, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
         )
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    # ------------------------------------------------------------------------------------------ queries
-    async def _serve_query(
-        self, run: _Run, node: RolloutNode, turn_index: int, used: CellQueryUse, request: QueryRequest
-    ) -> list[str]:
-        """Answer one ``llm_query*``/``rlm_query*`` call of `node`'s code (the REPL waits meanwhile), within the
-        cell's query budget: `used` is what the cell's earlier calls used, and grows by what this one uses."""
-        started = time.monotonic()
-        try:
-            return await self._answer_query(run, node, turn_index, used, request)
-        finally:
-            used.time_s += time.monotonic() - started
-
-    async def _answer_query(
-        self, run: _Run, node: RolloutNode, turn_index: int, used: CellQueryUse, request: QueryRequest
-    ) -> list[str]:
-        config, stats = self.config, run.stats
-        turn = node.turns[turn_index]
-        request_index = run.next_request_index(node, turn_index)
-        prompts = list(request.prompts)
-        if not request.recursive and len(prompts) > config.max_llm_queries:
-            stats.refused_queries += 1
-            raise QueryRefused(
-                f"{request.function} got {len(prompts)} prompts, more than max_llm_queries={config.max_llm_queries} "
-                "per call; split them over several calls"
-            )
-        if request.recursive and len(prompts) > config.max_children:
-            stats.refused_queries += 1
-            raise QueryRefused(
-                f"{request.function} got {len(prompts)} prompts, but one call may start at most "
-                f"max_children={config.max_children} sub-agents; split them over several calls or use llm_query_batched"
-            )
-        num_children = 0
-        if request.recursive and node.depth < config.max_depth:
-            tree_nodes = run.trees[run.tree_of[id(node)]]
-            num_children = max(0, min(len(prompts), config.max_total_children - (len(tree_nodes) - 1)))
-        llm_prompts = [
-            self._plain_prompt(prompt, request.contexts[index] if request.contexts is not None else None)
-            for index, prompt in enumerate(prompts)
-        ][num_children:]
-        # Every length check comes before tokenizing, whose cost grows with the text.
-        texts = [*prompts[:num_children], *llm_prompts]
-        for text in texts:
-            if len(text) > config.max_query_prompt_chars:
-                stats.refused_queries += 1
-                raise QueryRefused(
-                    f"a query prompt of {len(text):,} characters is longer than max_query_prompt_chars="
-                    f"{config.max_query_prompt_chars:,}; shorten it, or pass the text in parts (it starts {text[:80]!r})"
-                )
-        refusal = query_budget_refusal(config, used, request.function, texts)
-        if refusal is not None:
-            stats.refused_queries += 1
-            stats.over_budget_queries += 1
-            raise QueryRefused(refusal)
-        used.prompt_chars += sum(len(text) for text in texts)  # counted even when refused for its tokens below
-        llm_prompt_ids = [self._render([{"role": "user", "content": prompt}]) for prompt in llm_prompts]
-        if config.max_prompt_tokens is not None:
-            for prompt, ids in zip(llm_prompts, llm_prompt_ids):
-                if len(ids) > config.max_prompt_tokens:
-                    stats.refused_queries += 1
-                    raise QueryRefused(
-                        f"a prompt of {len(ids)} tokens is longer than max_prompt_tokens={config.max_prompt_tokens}; "
-                        f"shorten it (it starts {prompt[:80]!r})"
-                    )
-
-        if request.recursive:
-            stats.degraded_rlm_queries += len(prompts) - num_children
-        used.prompts += len(prompts)
-        join = Join(run.scheduler, len(prompts))
-        for index in range(num_children):
-            context = request.contexts[index] if request.contexts is not None else None
-            self._spawn_child(run, node, turn_index, request_index, prompts[index], context, join, index)
-        for offset, ids in enumerate(llm_prompt_ids):
-            key = run.request_key(node, turn_index, request_index, num_children + offset)
-            run.scheduler.submit(ids, join, num_children + offset, key)
-        stats.llm_queries += len(llm_prompts)
-        results = await run.scheduler.wait(join)
-
-        answers = list(results[:num_children])
-        for prompt, ids, completion in zip(llm_prompts, llm_prompt_ids, results[num_children:]):
-            used.generated_tokens += len(completion.token_ids)
-            text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-            turn.llm_calls.append(LLMCall(prompt, ids, completion.token_ids, completion.logprobs, text, request_index))
-            answers.append(text)
-        return answers
-
-    def _plain_prompt(self, prompt: str, context: Any) -> str:
-        """The user message of a plain completion: ``llm_query``'s prompt, or a degraded ``rlm_query`` with context."""
-        if context is None:
-            return self.config.llm_query_prompt.format(prompt=prompt)
-        text = context if isinstance(context, str) else json.dumps(context, ensure_ascii=False)
-        return self.config.degraded_rlm_query_prompt.format(prompt=prompt, context=text)
-
-    def _spawn_child(
-        self,
-        run: _Run,
-        parent: RolloutNode,
-        turn_index: int,
-        request_index: int,
-        prompt: str,
-        context: Any,
-        join: Join,
-        index: int,
-    ) -> None:
-        context = prompt if context is None else context
-        child = run.new_node(
-            run.tree_of[id(parent)],
-            parent=parent.id,
-            depth=parent.depth + 1,
-            task=prompt,
-            context_description=describe_context(context),
-            spawned_at=(turn_index, request_index),
-        )
-        run.path_of[id(child)] = run.path_of[id(parent)] + ((turn_index, request_index, index),)
-        parent.children.append(child.id)
-        parent.turns[turn_index].children.append(child.id)
-        run.stats.children += 1
-
-        def deliver(done: RolloutNode) -> None:
-            answer = done.final_answer
-            join.set(
-                index,
-                answer
-                if answer is not None
-                else self.config.child_no_answer.format(end_reason=done.end_reason or "error"),
-            )
-
-        run.scheduler.acquire()
-        run.spawn(self._run_node(run, child, context, on_done=deliver))
 
     # ------------------------------------------------------------------------------------------- counting
     @staticmethod

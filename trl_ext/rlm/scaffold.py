@@ -27,7 +27,6 @@ from .repl_protocol import ReplResult
 from .sandbox import SandboxLimits
 
 __all__ = [
-    "CellQueryUse",
     "FinalAnswer",
     "RLMScaffoldConfig",
     "build_system_prompt",
@@ -37,7 +36,6 @@ __all__ = [
     "find_final_answer",
     "format_observation",
     "format_repl_output",
-    "query_budget_refusal",
     "truncate_output",
 ]
 
@@ -73,8 +71,9 @@ class RLMScaffoldConfig:
         prompt longer is refused. None: no check (set it to the engine's context length minus the completion
         length, or a long prompt fails the whole generator call).
     max_query_prompt_chars, max_cell_queries, max_cell_query_chars, max_cell_query_tokens, max_cell_query_time_s:
-        what one REPL cell's queries may cost the trainer (their help texts; `query_budget_refusal`); past it the
-        model's code gets an error it can read, and the rollout goes on.
+        what one REPL cell's queries may cost the trainer (their help texts;
+        `trl_ext.rlm.queries.query_budget_refusal`); past it the model's code gets an error it can read, and the
+        rollout goes on.
 
     > REPL sandbox (see `trl_ext.rlm.repl.PythonREPL`)
 
@@ -299,63 +298,6 @@ _LIMITS = (
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
-# ------------------------------------------------------------------------------------------ query budget
-@dataclass
-class CellQueryUse:
-    """What the query calls of one REPL cell have used so far (the engine adds to it as it answers each call).
-
-    Attributes:
-        prompts: prompts accepted, every prompt of a batched call, children and plain completions alike.
-        prompt_chars: characters of its query texts that passed the length checks (counted before tokenizing,
-            even when the call is then refused for its token count).
-        generated_tokens: tokens generated for its plain completions (children's own turns are not counted).
-        time_s: wall time spent answering its calls, refused ones included (tokenizing, generating, waiting for
-            children), measured by the trainer.
-    """
-
-    prompts: int = 0
-    prompt_chars: int = 0
-    generated_tokens: int = 0
-    time_s: float = 0.0
-
-
-def query_budget_refusal(
-    config: RLMScaffoldConfig, used: CellQueryUse, function: str, texts: Sequence[str]
-) -> str | None:
-    """Why a cell that has used `used` may not make a call of `function` whose query texts (one per prompt: a
-    child's task or a plain completion's user message) are `texts`, or None when it may.
-
-    The budget is `config`'s ``max_cell_queries`` (prompts), ``max_cell_query_chars`` (characters),
-    ``max_cell_query_tokens`` (generated tokens) and ``max_cell_query_time_s`` (wall time). The tokens and time of a
-    call are known only once it is answered, so the call that crosses those two limits completes and the next one is
-    refused. Returns what the model's code reads in its ``RuntimeError``.
-    """
-    advice = "use what you have, or go on in the next cell (the budget is per cell)"
-    if used.prompts + len(texts) > config.max_cell_queries:
-        return (
-            f"{function} asked for {len(texts)} prompt(s), but this cell may send only "
-            f"{config.max_cell_queries - used.prompts} more (max_cell_queries={config.max_cell_queries}); {advice}"
-        )
-    chars = sum(len(text) for text in texts)
-    if used.prompt_chars + chars > config.max_cell_query_chars:
-        return (
-            f"{function} sends {chars:,} characters, but this cell may send only "
-            f"{config.max_cell_query_chars - used.prompt_chars:,} more (max_cell_query_chars="
-            f"{config.max_cell_query_chars:,}); {advice}"
-        )
-    if used.generated_tokens >= config.max_cell_query_tokens:
-        return (
-            f"this cell's queries have generated {used.generated_tokens:,} tokens, their budget "
-            f"(max_cell_query_tokens={config.max_cell_query_tokens:,}); {advice}"
-        )
-    if used.time_s >= config.max_cell_query_time_s:
-        return (
-            f"this cell's queries have taken {used.time_s:.1f} s, their budget "
-            f"(max_cell_query_time_s={config.max_cell_query_time_s:g}); {advice}"
-        )
-    return None
 
 
 # ------------------------------------------------------------------------------------------------ parsing

@@ -46,8 +46,9 @@ from ..judge.batch import (
     prompt_text,
     verdict_text,
 )
-from ..judge.client import AsyncChatClient, BackgroundEventLoop
+from ..judge.client import AsyncChatClient
 from ..judge.credit import cap_credit, per_token_advantages, span_credit
+from ..judge.event_loop import BackgroundEventLoop
 from ..judge.judge import JudgeRequest, JudgeVerdict, SpanJudge, extract_final_answer
 from ..judge.markers import build_marked_trace
 from ..judge.tools import ReplSandbox

@@ -16,7 +16,7 @@ from typing import Any
 
 from ...judge.audit import JudgeAuditLog
 from ...judge.batch import judge_fix
-from ...judge.client import BackgroundEventLoop
+from ...judge.event_loop import BackgroundEventLoop
 from ...judge.judge import SpanJudge
 from ...methods import METHODS
 from ..async_method import AsyncMethodTrainer

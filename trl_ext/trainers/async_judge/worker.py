@@ -27,7 +27,7 @@ from typing import Any
 
 from ...judge.audit import JudgeAuditLog, text_hash
 from ...judge.batch import JudgeOutage, collect_verdict, optional_text, prompt_text, verdict_text
-from ...judge.client import BackgroundEventLoop
+from ...judge.event_loop import BackgroundEventLoop
 from ...judge.judge import JudgeRequest, JudgeVerdict, SpanJudge, extract_final_answer
 from ...judge.markers import build_marked_trace
 from ...rlm.generators import Completion, Generator

@@ -1,0 +1,111 @@
+"""RewardMonitor's rules (reward collapse, no signal, judge failures and suspected injections). ``values`` are
+logged values."""
+
+from __future__ import annotations
+
+import math
+
+from ..configs import RewardMonitorConfig
+from .series import Finding, Memory, RuleResult, Steps, Values, append_window, consecutive, noise_sigma
+
+NOISE_WINDOW = 50  # raw rewards used to estimate the reward's log-to-log noise
+
+
+def reward_collapse(
+    values: Values, steps: Steps, config: RewardMonitorConfig, memory: Memory | None = None
+) -> RuleResult:
+    """The reward rose, then lost most of its gain, by more than its noise.
+
+    The smoothed reward is the mean of the last ``config.smoothing`` (5) values. Once it has risen by at least
+    ``config.min_rise`` (0.1) from its earlier low to its peak, a log counts as collapsed when the smoothed reward
+    has lost more than ``config.max_drop`` (0.5) of that gain and the loss from the peak is at least
+    ``config.min_drop_sigmas`` (6) standard errors of the smoothed reward (log-to-log noise from the last 50
+    values, see `noise_sigma`). Fires at each log that ends a run of at least ``config.collapse_patience`` (3)
+    collapsed logs; value: the smoothed reward. Facts: ``low``, ``peak``, ``streak``, ``lost_pct``.
+    """
+    memory = memory or {}
+    recent = list(memory.get("recent", []))
+    noise = list(memory.get("noise", []))
+    streak = int(memory.get("streak", 0))
+    low, peak, low_before_peak = memory.get("low"), memory.get("peak"), memory.get("low_before_peak")
+    findings = []
+    for step, reward in zip(steps, values):
+        recent = append_window(recent, reward, config.smoothing)
+        noise = append_window(noise, reward, NOISE_WINDOW)
+        if len(recent) < config.smoothing:
+            continue
+        smoothed = sum(recent) / len(recent)
+        if peak is None:
+            low = peak = low_before_peak = smoothed
+        else:
+            low = min(low, smoothed)
+            if smoothed > peak:
+                peak, low_before_peak = smoothed, low
+        gain = peak - low_before_peak
+        standard_error = noise_sigma(noise) / math.sqrt(config.smoothing)
+        collapsed_now = (
+            gain >= config.min_rise
+            and smoothed < peak - config.max_drop * gain
+            and peak - smoothed >= config.min_drop_sigmas * standard_error
+        )
+        streak = streak + 1 if collapsed_now else 0
+        if streak >= config.collapse_patience:
+            facts = {
+                "low": low_before_peak,
+                "peak": peak,
+                "streak": streak,
+                "lost_pct": 100 * (peak - smoothed) / gain,
+            }
+            findings.append(Finding("reward_collapse", step, smoothed, facts=facts))
+    state = {"low": low, "peak": peak, "low_before_peak": low_before_peak}
+    return RuleResult(findings, {"recent": recent, "noise": noise, "streak": streak, **state})
+
+
+def reward_no_signal(
+    values: Values, steps: Steps, config: RewardMonitorConfig, memory: Memory | None = None
+) -> RuleResult:
+    """Nearly every group got identical rewards, so the advantages are 0 and nothing is learnt.
+
+    ``values`` are ``frac_reward_zero_std``. Fires at each log that ends a run of at least
+    ``config.zero_std_patience`` (5) consecutive values ``>= config.zero_std_max`` (0.9); never when
+    ``zero_std_max`` is None. Facts: ``streak``.
+    """
+    if config.zero_std_max is None:
+        return RuleResult([], dict(memory or {}))
+    threshold = config.zero_std_max
+    return consecutive("reward_no_signal", values, steps, lambda x: x >= threshold, config.zero_std_patience, memory)
+
+
+def judge_failure(
+    values: Values, steps: Steps, config: RewardMonitorConfig, memory: Memory | None = None
+) -> RuleResult:
+    """The LLM judge fails on many rollouts, which then get no token credit (judge credit runs).
+
+    ``values`` are ``judge/failure_ratio``. Fires at each log that ends a run of at least ``config.judge_patience``
+    (2) consecutive values ``> config.judge_failure_max`` (0.2); never when ``judge_failure_max`` is None.
+    Facts: ``streak``.
+    """
+    if config.judge_failure_max is None:
+        return RuleResult([], dict(memory or {}))
+    threshold = config.judge_failure_max
+    return consecutive("judge_failure", values, steps, lambda x: x > threshold, config.judge_patience, memory)
+
+
+def judge_injection(
+    values: Values, steps: Steps, config: RewardMonitorConfig, memory: Memory | None = None
+) -> RuleResult:
+    """The policy is suspected of forging the judge's verdict (judge credit, rubric judge: docs/security.md).
+
+    ``values`` are ``judge/injection_suspected`` (or the rubric judge's ``<name>/injection_suspected``): rollouts of
+    the batch whose text holds a verdict-shaped JSON value or delimiter-shaped text, or whose judge reply was
+    refused for holding several different verdicts. Fires at each log that ends a run of at least
+    ``config.judge_injection_patience`` (1) consecutive values ``> config.judge_injection_max``; never when
+    ``judge_injection_max`` is None (the default: a task whose answers are JSON with the judge's field names would
+    count on a healthy run). Facts: ``streak``.
+    """
+    if config.judge_injection_max is None:
+        return RuleResult([], dict(memory or {}))
+    threshold = config.judge_injection_max
+    return consecutive(
+        "judge_injection", values, steps, lambda x: x > threshold, config.judge_injection_patience, memory
+    )
