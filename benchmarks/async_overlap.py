@@ -337,7 +337,9 @@ def body(table: str, summary: str, args: argparse.Namespace) -> str:
         "`perf/fwd_bwd_s + perf/optimizer_s` (async). The weight transfer is a no-op (no vLLM). The teacher plays a "
         "prompt's 4 rollouts alike, so advantages are 0: the loss still runs over every token. Ratios are of "
         "medians of separate series, so a value a little under 1 is noise. Stale samples: dropped by TRL's "
-        "`max_staleness` (`queue_maxsize` = one step's samples, plus the run in flight).\n\n"
+        "`max_staleness`; the worker's staleness gate starts a run only when none of its samples can go stale "
+        "(one run = one step's trees, `queue_maxsize` = one step's samples), so at `max_staleness` 1 it waits for "
+        "the queue to drain before the next run, and the trainer waits for that run (the rollout wait).\n\n"
         f"{table}\n\n" + "\n".join(f"- {line}" for line in summary.splitlines())
     )
 
