@@ -49,6 +49,7 @@ from .generators import Generator
 from .queries import CellQueryUse, QueryAnswering
 from .repl import PythonREPL
 from .sandbox import SandboxBackend, select_backend
+from .sandbox.backend import quote_sandbox_text
 from .scaffold import (
     RLMScaffoldConfig,
     build_system_prompt,
@@ -304,8 +305,11 @@ class RLMEngine(QueryAnswering):
             raise
         except Exception as exc:  # noqa: BLE001 - a broken node is recorded, the other rollouts go on
             node.end_reason, node.error = "error", f"{type(exc).__name__}: {exc}"
-            logger.warning(
-                "RLM node (depth %d, task %.60r) ended with an error: %s", node.depth, node.task, node.error
+            logger.warning(  # the error may carry a REPL's text: quoted, so it cannot pass for a log record
+                "RLM node (depth %d, task %.60r) ended with an error:\n%s",
+                node.depth,
+                node.task,
+                quote_sandbox_text(node.error),
             )
         finally:
             # Closed in the background: a parent waiting for this node's answer need not wait for the cleanup.
