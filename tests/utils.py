@@ -76,3 +76,21 @@ def run_processes(script: str, out_dir: Path, nproc: int = 2, timeout: int = 300
         timeout=timeout,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def end_distributed_script() -> None:
+    """End a script run under ``torchrun`` once its results are written: wait for every rank, then leave without
+    running destructors (``os._exit(0)``).
+
+    Left to interpreter exit, the DDP reducer that a trainer holds is freed in the main thread, which holds the GIL
+    while its gloo process group joins its worker thread; that thread may still be freeing a finished collective's
+    tensors, which needs the GIL: a deadlock (one rank hung until a test's timeout; py-spy showed
+    ``~ProcessGroupGloo`` joining a thread waiting in ``gil_scoped_acquire``). Tearing gloo down at exit can also
+    abort the process (SIGABRT)."""
+    import torch
+
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

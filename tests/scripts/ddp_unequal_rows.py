@@ -8,7 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from tests.utils import cpu_config_kwargs, digit_reward, toy_dataset  # noqa: E402
+from tests.utils import cpu_config_kwargs, digit_reward, end_distributed_script, toy_dataset  # noqa: E402
 from trl_ext import ExtGRPOConfig, ExtGRPOTrainer  # noqa: E402
 from trl_ext.testing import build_tiny_model_and_tokenizer  # noqa: E402
 
@@ -39,9 +39,7 @@ def main(out_dir: str) -> None:
     rank = trainer.accelerator.process_index
     real, rows = trainer.calls[0]
     Path(out_dir, f"rank{rank}.txt").write_text(f"rank={rank} real_rows={real} rows={rows} steps={len(trainer.calls)}")
-    # Tear gloo down explicitly: left to interpreter exit, its threads can abort the process (SIGABRT).
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    end_distributed_script()  # every rank's results are written: leave without gloo's teardown (tests/utils.py)
 
 
 if __name__ == "__main__":

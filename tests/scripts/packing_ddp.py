@@ -10,6 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from tests.trainers.test_packing import grpo_trainer, perturb  # noqa: E402
+from tests.utils import end_distributed_script  # noqa: E402
 
 
 def main(out_dir: str) -> None:
@@ -51,9 +52,7 @@ def main(out_dir: str) -> None:
     rank = trainer.accelerator.process_index
     report = "ok" if not problems else "FAILED " + "; ".join(problems)
     Path(out_dir, f"rank{rank}.txt").write_text(f"{report} loss={loss_rows:.6g} grads={len(grads_rows)}")
-    # Tear gloo down explicitly: left to interpreter exit, its threads can abort the process (SIGABRT).
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    end_distributed_script()  # every rank's results are written: leave without gloo's teardown (tests/utils.py)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
 from tests.trainers.test_stepwise_rlm import scripted_generator, yes_reward  # noqa: E402
-from tests.utils import cpu_config_kwargs  # noqa: E402
+from tests.utils import cpu_config_kwargs, end_distributed_script  # noqa: E402
 from trl_ext.testing import build_tiny_model_and_tokenizer  # noqa: E402
 from trl_ext.trainers.stepwise_rlm import StepwiseRLMConfig, StepwiseRLMTrainer  # noqa: E402
 
@@ -64,9 +64,7 @@ def main(out_dir: str) -> None:
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         Path(out_dir, "losses.txt").write_text(" ".join(repr(x) for x in losses))
         Path(out_dir, "rows.txt").write_text(" ".join(str(x) for x in rows))
-    torch.distributed.barrier() if torch.distributed.is_initialized() else None
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    end_distributed_script()  # every rank's results are written: leave without gloo's teardown (tests/utils.py)
 
 
 if __name__ == "__main__":
