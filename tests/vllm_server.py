@@ -307,3 +307,12 @@ def trained_on_synced_adapters(trainer: Any, server: VLLMServer, max_steps: int)
     assert generator.lora_name == "trl-policy" and max(generator.versions_used) >= 1
     assert f"trl-policy-v{trainer.model_version}" in server.served_models()
     return history
+
+
+def worker_metric(history: list[dict[str, Any]], name: str) -> list[float]:
+    """The values of a rollout worker's metric ``name`` over the logged steps: a worker pushes its metrics once a
+    run, and a run need not end within every step (the staleness gate may hold the next one), so a step's log can
+    lack them. Asserts that some step logged it."""
+    values = [entry[name] for entry in history if name in entry]
+    assert values, f"no logged step has the worker metric {name!r}"
+    return values

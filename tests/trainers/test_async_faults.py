@@ -237,8 +237,9 @@ def test_server_watch_lets_the_workers_own_error_through():
         raise RuntimeError("Rollout worker child has failed")
 
     watch = ServerWatch(failed_worker, "http://127.0.0.1:9", unreachable_after_s=1.0)
-    with pytest.raises(RuntimeError, match="Rollout worker child has failed"):
-        watch(300.0)
+    with pytest.raises(RuntimeError, match="Rollout worker child has failed") as raised:
+        watch(300.0)  # the server does not answer either: the error names it too
+    assert "http://127.0.0.1:9 does not answer /health" in str(raised.value)
     with pytest.raises(ValueError, match="unreachable_after_s must be > 0"):
         ServerWatch(failed_worker, "http://127.0.0.1:9", unreachable_after_s=0)
 

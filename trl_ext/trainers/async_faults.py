@@ -24,7 +24,8 @@ class ServerWatch:
     """A worker's ``check_health(stale_after_s)`` plus a probe of ``GET {base_url}/health``.
 
     Args:
-        check_health: the worker's own check, called first (its error wins: it names the worker's cause).
+        check_health: the worker's own check, called first (its error wins: it names the worker's cause; when the
+            server does not answer either, the error names the server too).
         base_url: the server, e.g. ``"http://localhost:8000"``.
         unreachable_after_s: how long the server may fail to answer before the check raises.
         probe_timeout_s: one probe's timeout.
@@ -66,7 +67,16 @@ class ServerWatch:
         return True
 
     def __call__(self, stale_after_s: float) -> None:
-        self.check_health(stale_after_s)
+        try:
+            self.check_health(stale_after_s)
+        except Exception as error:
+            if self.server_answers():
+                raise
+            # a worker that stalls or fails while its server is gone: name both (the server is the likely cause)
+            raise RuntimeError(
+                f"{error} The vLLM server at {self.base_url} does not answer /health either ({self.last_error}): "
+                "restart `vllm serve`, then resume from the last checkpoint (resume_from_checkpoint=True)."
+            ) from error
         now = self.clock()
         if self.server_answers():
             self.down_since = None
