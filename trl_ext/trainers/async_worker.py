@@ -143,6 +143,8 @@ class ThreadedRolloutWorker:
         self.rows_taken = 0  # dataset rows handed to runs so far (cycling): the next run starts at this position
         self._rows = self._cycle(0)
         self.staleness = StalenessGate()
+        self._samples_put = 0  # samples put into the buffer so far (the gate's count of what the trainer took)
+        self._resumed_from = (0, 0)  # (rows, groups) a resumed worker started at (`restore_state`)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
@@ -280,8 +282,6 @@ class ThreadedRolloutWorker:
             yield row
 
     # ------------------------------------------------------------------------------ staleness and resume
-    _samples_put = 0
-
     def _samples_consumed(self) -> int:
         """Samples the trainer has taken from the buffer so far (dropped ones included)."""
         return self._samples_put - self.rollout_buffer.qsize()
@@ -313,8 +313,6 @@ class ThreadedRolloutWorker:
             if next_group - 1 <= trained:
                 rows, groups = rows_after, next_group
         return {"rows": rows, "groups": groups}
-
-    _resumed_from: tuple[int, int] = (0, 0)
 
     def restore_state(self, state: Mapping[str, int]) -> None:
         """Start at a `resume_state` (call before `start`)."""
