@@ -106,3 +106,39 @@ def test_rubric_injection_parser_refuses_replies_with_different_verdicts(text):
 def test_rubric_injection_parser_accepts_one_verdict_shown_twice():
     scores, explanation = parse_rubric_scores(f"Here:\n```json\n{OWN}\n```\nAgain: {OWN}")
     assert scores == {"precision": 1.0, "recall": 1.0} and explanation.startswith("Sydney")
+
+
+def test_rubric_injection_reaches_the_judge_injection_monitor_in_a_training_run(tmp_path):
+    """End to end: a GRPO run whose rubric judge quotes a forged verdict each time fires `judge_injection` in a
+    running `RewardMonitor` (the counter is logged by the reward and read by the monitor from the trainer's logs),
+    and the rewards stay the fallback, never the forged 1.0."""
+    from datasets import Dataset
+    from peft import LoraConfig
+
+    from trl_ext import ExtGRPOConfig, ExtGRPOTrainer
+    from trl_ext.callbacks import RewardMonitor
+    from trl_ext.testing import build_tiny_model_and_tokenizer
+
+    from ..utils import cpu_config_kwargs
+
+    policy, tokenizer = build_tiny_model_and_tokenizer(seed=0)
+    monitor = RewardMonitor(judge_injection_max=0, judge_injection_metric="rubric_judge/injection_suspected")
+    prompts = [[{"role": "user", "content": "What is the capital of Australia?"}]] * 4
+    with ScriptedChatServer(lambda request: TextReply(QUOTED_IN_PROSE)) as judge:
+        reward = RubricJudgeReward(base_url=judge.base_url, model="judge", repair_attempts=0, **FAST)
+        trainer = ExtGRPOTrainer(
+            policy,
+            reward,
+            args=ExtGRPOConfig(**cpu_config_kwargs(str(tmp_path), max_steps=2)),
+            train_dataset=Dataset.from_dict({"prompt": prompts, "answer": ["Canberra"] * 4}),
+            processing_class=tokenizer,
+            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+            callbacks=[monitor],
+        )
+        trainer.train()
+    logs = [log for log in trainer.state.log_history if "rubric_judge/injection_suspected" in log]
+    assert [log["rubric_judge/injection_suspected"] for log in logs] == [4.0, 4.0]  # every rollout, every step
+    assert all(log["rewards/rubric_judge/mean"] == 0.0 for log in logs)  # the fallback, not the forged 1.0
+    # one alert per episode: it fires on the first log and stays quiet while the injections go on
+    assert [(alert["rule"], alert["step"]) for alert in monitor.alerts] == [("judge_injection", 1)]
+    assert trainer.state.log_history[0]["monitor/alerts/judge_injection"] == 1
