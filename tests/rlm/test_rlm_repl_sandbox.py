@@ -566,3 +566,41 @@ def test_uid_leases_are_exclusive_across_processes():
         second.release()
     finally:
         holder.communicate("")
+
+
+@pytest.mark.skipif(not _namespace_available(), reason="this host does not allow Linux namespaces")
+def test_namespaced_repl_folders_live_in_memory_where_the_host_has_a_tmpfs(monkeypatch):
+    """A namespaced REPL's host folder holds only its root's mount point and its start-up log: on /dev/shm where that
+    is a writable tmpfs (no disk inode to allocate per start), else in the temporary folder. The process backend's
+    folder holds the REPL's home, so it stays on disk."""
+    from trl_ext.rlm.sandbox import local
+
+    memory = sandbox_host.memory_folder()
+    with PythonREPL(isolation="strict") as repl:
+        assert repl.execute("print(6 * 7)").stdout == "42\n"
+        expected = memory if memory is not None else tempfile.gettempdir()
+        assert os.path.dirname(repl._resources.root_dir) == expected
+    assert not os.path.exists(repl._resources.root_dir)
+    with PythonREPL(isolation="process") as repl:
+        assert not repl._resources.root_dir.startswith(sandbox_host.MEMORY_FOLDER)
+    monkeypatch.setattr(local, "memory_folder", lambda: None)  # a host without a writable tmpfs there
+    with PythonREPL(isolation="strict") as repl:
+        assert repl.execute("print(6 * 7)").stdout == "42\n"
+        assert not repl._resources.root_dir.startswith(sandbox_host.MEMORY_FOLDER)
+
+
+def test_a_dead_zygote_is_replaced_by_the_next_repl(caplog):
+    """The zygote forks every REPL without replying (each child reports its own pid): one killed between REPLs is
+    noticed and replaced, and REPLs started before it go on working."""
+    from trl_ext.rlm.sandbox import local
+
+    with PythonREPL() as before:
+        before.execute("x = 1")
+        zygote = local._zygote
+        os.kill(zygote.popen.pid, 9)
+        zygote.popen.wait(5)
+        with PythonREPL() as after:
+            assert after.execute("print(6 * 7)").stdout == "42\n"
+            assert after.pid is not None and process_alive(after.pid)
+        assert local._zygote is not zygote and "The REPL zygote exited" in caplog.text
+        assert before.execute("print(x + 1)").stdout == "2\n"

@@ -312,7 +312,8 @@ class PythonREPL:
             if message.get("kind") == "ready" and message.get("error") is None:
                 interpreter.ready = True
                 self._folder_used = True
-                interpreter.process.freeze()  # nothing of the REPL runs between cells
+                # Not frozen here: the caller sends its cell right away (no model code has run in this interpreter
+                # yet; from this cell on, it is frozen between cells).
                 return notice
             error = quote_sandbox_text(cap_text(str(message.get("error")), self.limits.max_output_chars))
             problem = f"could not load `context` or the helpers:\n{error}"

@@ -44,8 +44,10 @@ class Folder:
 
 
 def make_folder(backend: SandboxBackend, lease: UidLease | None) -> Folder:
-    """A new private folder for a REPL on `backend` (mode 0711 under a private uid: traversable, not listable)."""
-    root_dir = tempfile.mkdtemp(prefix="trl_ext_repl_", dir=repl_parent_dir() if lease is not None else None)
+    """A new private folder for a REPL on `backend`, in its `SandboxBackend.folder_parent` or the temporary folder
+    (mode 0711 under a private uid: traversable, not listable)."""
+    parent = backend.folder_parent or (repl_parent_dir() if lease is not None else None)
+    root_dir = tempfile.mkdtemp(prefix="trl_ext_repl_", dir=parent)
     try:
         if lease is not None:
             os.chmod(root_dir, 0o711)

@@ -89,10 +89,13 @@ class SandboxBackend(abc.ABC):
         shared_dirs: host directories the sandbox's uid can write to and others can see (the process backend's
             ``/tmp``, ``/dev/shm``...): what a closed REPL's uid left there is deleted before the uid is reused.
             Empty where the sandbox's writable directories are its own.
+        folder_parent: where its REPLs' private folders are made (`trl_ext.rlm.repl_resources.make_folder`); None:
+            the temporary folder.
     """
 
     name: str
     shared_dirs: tuple[str, ...] = ()
+    folder_parent: str | None = None
 
     def environment(self, home: str, extra: Mapping[str, str] | None) -> dict[str, str]:
         """The complete environment of an interpreter whose home is `home` (`sandbox_environment`: the allow-list,

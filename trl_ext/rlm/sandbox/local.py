@@ -28,7 +28,7 @@ from typing import Any
 from .backend import LaunchSpec, SandboxBackend, SandboxProcess
 from .cgroups import ControlGroups
 from .child import BOOT, server_code
-from .host import host_support, resolve_isolation
+from .host import host_support, memory_folder, resolve_isolation
 from .identity import SHARED_WRITABLE_DIRS, UidLease, count_tasks_of_uid, kill_uid
 from .limits import SandboxError, SandboxLimits, sandbox_environment
 from .runtime import NAMESPACE_HOME, interpreter_import_paths, runtime_paths
@@ -41,8 +41,8 @@ class LocalProcess(SandboxProcess):
 
     Freezing stops every process of the sandbox, the server included, whatever it runs (docs/security.md, class 4):
     with control groups, the cgroup freezer; without them, SIGSTOP to the server (through a pidfd) and to its
-    process group. The supervisor reports on the status pipe the server's pid (4 bytes, right after the fork),
-    then its wait status (4 bytes, when it is done).
+    process group. The supervisor reports on the status pipe its own pid (4 bytes, read by `LocalBackend.start`),
+    the server's pid (4 bytes, right after the fork), then the server's wait status (4 bytes, when it is done).
 
     `kill` may come from another thread while a cell freezes or thaws the sandbox: `_lock` orders the two, and
     once killed, freezing and thawing do nothing (its control groups are gone).
@@ -165,23 +165,26 @@ class LocalProcess(SandboxProcess):
 
     def _read_report(self, size: int, timeout_s: float) -> bytes | None:
         """The next `size` bytes of the supervisor's report (None: the pipe ended or stayed silent `timeout_s`)."""
-        if self._status < 0:
-            return None
-        data = b""
-        deadline = time.monotonic() + timeout_s
-        poller = select.poll()
-        poller.register(self._status, select.POLLIN)
-        while len(data) < size and poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
-            chunk = os.read(self._status, size - len(data))
-            if not chunk:
-                break
-            data += chunk
-        return data if len(data) == size else None
+        return _read_exactly(self._status, size, timeout_s) if self._status >= 0 else None
 
     @property
     def contained(self) -> bool:
         """Everything this interpreter started was in its control groups (now empty and removed)."""
         return self._cgroups is not None and not self._cgroups.paths
+
+
+def _read_exactly(fd: int, size: int, timeout_s: float) -> bytes | None:
+    """The next `size` bytes of `fd` (None: end of file, or silence for `timeout_s`)."""
+    data = b""
+    deadline = time.monotonic() + timeout_s
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while len(data) < size and poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data if len(data) == size else None
 
 
 def _poll_one(fd: int, timeout_s: float) -> bool:
@@ -218,15 +221,17 @@ class _Zygote:
         os.close(boot_write)
         self.socket = ours
 
-    def spawn(self, request: Mapping[str, Any], fds: Sequence[int]) -> int:
-        """Fork a REPL from the zygote; returns its supervisor's pid."""
+    def spawn(self, request: Mapping[str, Any], fds: Sequence[int]) -> None:
+        """Ask the zygote to fork a REPL with `fds`; the child reports its pid on its status pipe. No reply is
+        awaited, so concurrent starts follow one another through the zygote without a round trip each."""
         payload = pickle.dumps(dict(request), protocol=pickle.HIGHEST_PROTOCOL)
-        with self.lock:
-            self.socket.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-            reply = self.socket.recv(4)
-        if len(reply) != 4:
-            raise SandboxError(f"The REPL zygote (pid {self.popen.pid}) stopped answering ({self.popen.poll()}).")
-        return int.from_bytes(reply, "big")
+        try:
+            with self.lock:
+                self.socket.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        except OSError as error:
+            raise SandboxError(
+                f"The REPL zygote (pid {self.popen.pid}) is gone ({self.popen.poll()}): {error}"
+            ) from None
 
     def alive(self) -> bool:
         return self.owner == os.getpid() and self.popen.poll() is None
@@ -262,6 +267,12 @@ class LocalBackend(SandboxBackend):
         self.name = "namespace" if namespace else "process"
         # Namespaced REPLs have /tmp and /dev/shm of their own; the process backend shares the host's.
         self.shared_dirs = () if namespace else SHARED_WRITABLE_DIRS
+
+    @property
+    def folder_parent(self) -> str | None:
+        """A namespaced REPL's folder holds only its root's mount point and its start-up log: on a tmpfs
+        (`memory_folder`) where there is one. The process backend's holds the REPL's home, its files on disk."""
+        return memory_folder() if self.namespace else None
 
     def environment(self, home: str, extra: Mapping[str, str] | None) -> dict[str, str]:
         env = sandbox_environment(home, extra)
@@ -328,9 +339,16 @@ class LocalBackend(SandboxBackend):
             "cwd": spec.root_dir if self.namespace else spec.home,
         }
         try:
-            pid = zygote.spawn(request, [cmd_read, evt_write, life_read, status_write, spec.log_fd])
+            zygote.spawn(request, [cmd_read, evt_write, life_read, status_write, spec.log_fd])
+            _send_startup(cmd_write, [spec.init_payload], spec.limits.startup_timeout_s)
+            report = _read_exactly(status_read, 4, spec.limits.startup_timeout_s)  # the supervisor's pid
+            if report is None:
+                raise SandboxError(
+                    f"The REPL zygote (pid {zygote.popen.pid}, {zygote.popen.poll() or 'running'}) did not start a "
+                    f"REPL within startup_timeout_s={spec.limits.startup_timeout_s:g} s."
+                )
         except BaseException:
-            for fd in (cmd_write, evt_read, life_write, status_read):
+            for fd in (cmd_write, evt_read, life_write, status_read):  # a child already forked ends with its lifeline
                 os.close(fd)
             if cgroups is not None:
                 cgroups.remove()
@@ -338,9 +356,8 @@ class LocalBackend(SandboxBackend):
         finally:  # the child has its own copies of its ends
             for fd in (cmd_read, evt_write, life_read, status_write):
                 os.close(fd)
-        process = LocalProcess(pid, evt_read, cmd_write, life_write, status_read, cgroups, config["uid"])
-        _send_startup(cmd_write, [spec.init_payload], spec.limits.startup_timeout_s)
-        return process
+        pid = int.from_bytes(report, "big")
+        return LocalProcess(pid, evt_read, cmd_write, life_write, status_read, cgroups, config["uid"])
 
 
 def _send_startup(fd: int, parts: Sequence[bytes], timeout_s: float) -> None:

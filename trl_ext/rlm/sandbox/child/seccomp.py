@@ -112,10 +112,13 @@ def _seccomp_program():
     return data
 
 
+_SECCOMP_PROGRAM = _seccomp_program()  # assembled once, in the zygote: every REPL forked from it has it ready
+
+
 def _install_seccomp():
     import ctypes
 
-    program = _seccomp_program()
+    program = _SECCOMP_PROGRAM
     buffer = ctypes.create_string_buffer(program, len(program))
 
     class _Program(ctypes.Structure):

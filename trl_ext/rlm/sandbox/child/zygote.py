@@ -18,8 +18,10 @@ def _zygote(config):
 
     Starting an interpreter costs tens of milliseconds of CPU; forking this one, which has the server loaded and
     ctypes imported, costs about one. A request is the REPL's configuration (a pickle: the trainer is trusted)
-    with its descriptors attached (``SCM_RIGHTS``); the reply is the new supervisor's pid. The zygote runs no
-    model code and exits when its lifeline reaches end of file (the trainer closed it or died).
+    with its descriptors attached (``SCM_RIGHTS``). There is no reply: the child reports its own pid on the REPL's
+    status pipe (`_become_repl`), so the trainer never waits for the zygote and requests follow one another without
+    a round trip. The zygote runs no model code and exits when its lifeline reaches end of file (the trainer closed
+    it or died).
     """
     import array
     import select
@@ -52,14 +54,15 @@ def _zygote(config):
             return request, list(fds)
         for fd in fds:
             os.close(fd)
-        requests.sendall(child.to_bytes(4, "big"))
 
 
 def _become_repl(request, fds):
-    """In a child of the zygote: become the OOM killer's first choice (for every process of the REPL, supervisor
-    included), and take the REPL's descriptors, session, environment and directory."""
-    _volunteer_as_oom_victim()
+    """In a child of the zygote: report its pid on the status pipe (the first of the supervisor's reports), become
+    the OOM killer's first choice (for every process of the REPL, supervisor included), and take the REPL's
+    descriptors, session, environment and directory."""
     read_fd, write_fd, lifeline, status, log = fds
+    os.write(status, os.getpid().to_bytes(4, "big"))
+    _volunteer_as_oom_victim()
     os.setsid()
     os.dup2(log, 1)
     os.dup2(log, 2)
