@@ -5,7 +5,10 @@ Two gaps of TRL 1.16's asynchronous trainer, closed here:
 - **A rollout worker process that died.** ``AsyncRolloutWorker.check_health`` only looks at the worker's heartbeat,
   so a child killed by a signal (or crashed) is reported, after ``heartbeat_stale_after_s``, as "hung"; then
   ``AsyncRolloutWorker.stop`` waits for ever for the dead child to acknowledge the stop event, and training hangs.
-  `guard_rollout_worker` makes the check name the exit first (code, signal) and the stop reap a dead child.
+  `guard_rollout_worker` makes the check name the exit first (code, signal) and the stop reap a dead child. A child
+  that dies (or stalls) while the stop event is being set blocks ``multiprocessing.Event.set`` for ever too (its
+  ``notify`` waits for every registered sleeper to wake; seen once in CI, after a killed server, with the thread
+  stacks to prove it): the stop runs in a thread, and past `STOP_TIMEOUT_S` the child is killed.
 - **Policy versions and the dataset position across a resume.** TRL saves the version counter in
   ``rollout_state.json`` for its own worker only; a trl-ext worker (stepwise RLM, judge credit, RLMT) restarted at
   version 0 and republished adapters under names a running ``vllm serve`` still holds (``400 ... has already been
@@ -19,7 +22,9 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -27,6 +32,7 @@ from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
 __all__ = [
     "ROLLOUT_STATE_FILE",
+    "STOP_TIMEOUT_S",
     "check_rollout_child",
     "guard_rollout_worker",
     "restore_rollout_state",
@@ -35,6 +41,11 @@ __all__ = [
 ]
 
 ROLLOUT_STATE_FILE = "rollout_state.json"  # TRL's file name: its own worker's state goes in the same file
+# TRL's stop joins the child for 15 s, then terminates it and joins for 5 s more: a stop still running past this
+# is blocked in the stop event's set() by a child that will never acknowledge it.
+STOP_TIMEOUT_S = 30.0
+
+logger = logging.getLogger(__name__)
 
 
 def _dead_child(worker: AsyncRolloutWorker) -> Any | None:
@@ -66,13 +77,39 @@ def check_rollout_child(worker: AsyncRolloutWorker, stale_after_s: float) -> Non
     AsyncRolloutWorker.check_health(worker, stale_after_s)
 
 
-def stop_rollout_child(worker: AsyncRolloutWorker) -> None:
-    """TRL's ``stop``, after reaping a dead child (which would never acknowledge the stop event)."""
+def stop_rollout_child(worker: AsyncRolloutWorker, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """TRL's ``stop``, after reaping a dead child (which would never acknowledge the stop event), bounded by
+    ``timeout_s``: a child that dies or stalls while the event is set leaves TRL's stop blocked in ``Event.set``
+    (in a daemon thread, which stays blocked), and the child is killed instead."""
     process = _dead_child(worker)
     if process is not None:
         process.join(timeout=1)
         worker._process = None
-    AsyncRolloutWorker.stop(worker)
+    process = worker._process
+    raised: list[BaseException] = []
+
+    def stop() -> None:
+        try:
+            AsyncRolloutWorker.stop(worker)
+        except BaseException as error:  # noqa: BLE001  (raised in the caller's thread below)
+            raised.append(error)
+
+    stopper = threading.Thread(target=stop, name="trl-rollout-worker-stop", daemon=True)
+    stopper.start()
+    stopper.join(timeout_s)
+    if raised:
+        raise raised[0]
+    if not stopper.is_alive() or process is None:
+        return
+    logger.warning(
+        "TRL's rollout worker process (pid %s) did not acknowledge the stop within %.0f s (it died or stalled while "
+        "the stop event was set): killing it.",
+        process.pid,
+        timeout_s,
+    )
+    process.kill()
+    process.join(timeout=5)
+    worker._process = None
 
 
 def guard_rollout_worker(worker: Any) -> None:

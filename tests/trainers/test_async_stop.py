@@ -1,0 +1,55 @@
+"""Stopping TRL's rollout worker process never hangs (`trl_ext.trainers.async_seam.faults.stop_rollout_child`).
+
+CI saw training hang once after a killed `vllm serve`: TRL's ``AsyncRolloutWorker.stop`` sets a
+``multiprocessing.Event`` whose ``notify`` waits for every registered sleeper to wake, and the child, registered as
+one, never did. A child frozen with SIGSTOP while it waits on the event reproduces that every time."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from types import SimpleNamespace
+
+import pytest
+from accelerate import PartialState
+
+from trl_ext.trainers.async_seam.faults import stop_rollout_child
+
+from ..utils import process_alive
+
+
+def wait_for(event) -> None:
+    event.wait()
+
+
+@pytest.fixture(autouse=True)
+def accelerate_state():
+    PartialState()  # TRL's stop logs through accelerate's logger, as in a trainer
+
+
+def test_a_child_that_never_acknowledges_the_stop_is_killed_and_the_stop_returns():
+    context = multiprocessing.get_context("spawn")  # TRL's worker process is spawned too
+    event = context.Event()
+    child = context.Process(target=wait_for, args=(event,), daemon=True)
+    child.start()
+    deadline = time.monotonic() + 30
+    while event._cond._sleeping_count.get_value() == 0 and time.monotonic() < deadline:  # registered as a sleeper
+        time.sleep(0.05)
+    os.kill(child.pid, signal.SIGSTOP)  # alive, waiting on the event, and never waking to acknowledge it
+    worker = SimpleNamespace(_process=child, _stop_event_mp=event)
+    started = time.monotonic()
+    stop_rollout_child(worker, timeout_s=2.0)
+    assert time.monotonic() - started < 15  # TRL's own stop would block here for ever
+    assert worker._process is None and not process_alive(child.pid)
+
+
+def test_a_child_that_acknowledges_stops_cleanly():
+    context = multiprocessing.get_context("spawn")
+    event = context.Event()
+    child = context.Process(target=wait_for, args=(event,), daemon=True)
+    child.start()
+    worker = SimpleNamespace(_process=child, _stop_event_mp=event)
+    stop_rollout_child(worker, timeout_s=30.0)
+    assert worker._process is None and child.exitcode == 0
