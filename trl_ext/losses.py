@@ -329,6 +329,11 @@ class LossSpec:
         trust_region_related: other fractions the loss logs, drawn next to its trust-region metric by the plot.
         measured_against_sampler: the trust-region metric compares the policy with the sampler's log-probs (the
             generator's when it returns them), so it is non-zero in a vLLM run even when the trainer is on-policy.
+        trust_region_floor: a trust-region metric near 0 through an off-policy run means the updates barely move
+            the policy (PPO-style clipping, whose healthy clip rate is a few percent), so `ClipRateMonitor`'s
+            ``clip_rate_low`` and ``clip_rate_stuck_zero`` watch it. False where the trust region acts only on
+            outlier tokens and 0 is its healthy state (IPO: a token is masked only when its probability moved by
+            more than ε; measured healthy runs mask 0-0.1 %).
         description: one line for errors and docs.
         card: what the model card says of the loss (`LossCard`); None: nothing beyond TRL's citation.
     """
@@ -344,6 +349,7 @@ class LossSpec:
     trust_region_label: str = ""
     trust_region_related: tuple[str, ...] = ()
     measured_against_sampler: bool = False
+    trust_region_floor: bool = True
     card: LossCard | None = None
 
     def settings_for(self, config: Any) -> Any | None:
@@ -490,6 +496,7 @@ register_loss(
         trust_region_label="IPO masked ratio",
         trust_region_related=("ipo/capped_ratio",),
         measured_against_sampler=True,
+        trust_region_floor=False,
         card=LossCard(
             text="Policy loss: the IPO masking loss (a token is kept when |p − p_old| ≤ ε; the ratio is capped), "
             '`loss_type="ipo"`.',

@@ -110,12 +110,23 @@ def test_entropy_collapse_relative_to_its_early_level():
 def test_kl_spike_absolute_and_relative():
     relative = EntropyMonitorConfig(kl_max=None, kl_spike_factor=5.0)
     (finding,) = rules.kl_spike([0.02, 0.021, 0.019, 0.02, 0.022, 0.02, 0.15], range(1, 8), relative).findings
-    assert (finding.step, finding.variant, finding.facts["ratio"]) == (7, "spike", pytest.approx(7.5))
+    assert (finding.step, finding.variant, finding.facts["ratio"]) == (7, "spike", pytest.approx(0.15 / 0.022))
     absolute = EntropyMonitorConfig(kl_max=0.5, kl_spike_factor=None)
     assert [f.variant for f in rules.kl_spike([0.1, 0.2, 0.6], range(3), absolute).findings] == ["max"]
     # KL growing from 0: 400x its median, but below kl_spike_min.
     assert run(rules.kl_spike, [1e-5, 2e-5, 1e-5, 2e-5, 1e-5, 4e-3, 8e-3, 9e-3], ENTROPY) == []
     assert run(rules.kl_spike, [0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1], ENTROPY) == []
+
+
+def test_kl_spike_a_smooth_ramp_is_no_spike_and_a_6x_jump_is():
+    """The issue's quickstart run: KL rising smoothly from 0 (the old median rule fired at 0.020) and a 6x jump
+    (0.025 -> 0.152, which the old rule missed inside the ramp's alert episode)."""
+    ramp = [0.0, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.012, 0.014, 0.016, 0.02, 0.025]
+    assert run(rules.kl_spike, ramp, ENTROPY) == []
+    findings = rules.kl_spike([*ramp, 0.152], range(1, 14), ENTROPY).findings
+    assert [(f.step, f.variant) for f in findings] == [(13, "spike")]
+    # healthy batches swing 2-3x around a level: no spike
+    assert run(rules.kl_spike, [0.05, 0.02, 0.06, 0.03, 0.1, 0.04, 0.2, 0.08, 0.25, 0.1, 0.3], ENTROPY) == []
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -130,7 +141,17 @@ def test_reward_collapse_after_a_rise():
     assert [f.step for f in findings] == [17, 18, 19, 20]
     assert findings[0].facts["low"] == pytest.approx(0.1) and findings[0].facts["peak"] == pytest.approx(0.7)
     assert findings[0].value == pytest.approx(0.1)
-    assert run(rules.reward_collapse, [0.3] * 10 + [0.05] * 10, config) == []  # never rose
+    # never rose: a fall by less than min_rise is no collapse; below where it started by more is ("below_start")
+    assert run(rules.reward_collapse, [0.3] * 10 + [0.25] * 10, config) == []
+    fell = rules.reward_collapse([0.3] * 10 + [0.05] * 10, range(1, 21), config).findings
+    assert fell and {f.variant for f in fell} == {"below_start"} and "lost_pct" not in fell[0].facts
+
+
+def test_reward_collapse_catches_a_sign_flip_before_any_gain():
+    """A reward whose sign flips (a reward bug) drops below where it started before it ever gained min_rise."""
+    rewards = [0.03, 0.11, 0.14, 0.14, 0.16, 0.16, 0.16, 0.25] + [-0.27, -0.02, -0.14, -0.06, -0.17, -0.2]
+    findings = rules.reward_collapse(rewards, range(1, 15), REWARD).findings
+    assert findings and findings[0].variant == "below_start" and findings[0].step <= 12
 
 
 def test_reward_collapse_ignores_a_dip_within_the_noise():
@@ -144,8 +165,8 @@ def test_reward_collapse_ignores_a_dip_within_the_noise():
 
 def test_reward_no_signal():
     values = [0.5, 0.95, 0.97, 1.0, 0.92, 0.99, 1.0]
-    assert steps_of(rules.reward_no_signal, values, REWARD) == [6, 7]
-    assert run(rules.reward_no_signal, [0.95, 0.97, 0.5, 1.0, 0.92, 0.99, 0.89], REWARD) == []
+    assert steps_of(rules.reward_no_signal, values, REWARD) == [4, 5, 6, 7]
+    assert run(rules.reward_no_signal, [0.95, 0.97, 0.5, 1.0, 0.92, 0.89, 0.99], REWARD) == []
     assert run(rules.reward_no_signal, values, RewardMonitorConfig(zero_std_max=None)) == []
 
 

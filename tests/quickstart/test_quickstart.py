@@ -264,6 +264,7 @@ def test_fast_variants_run_and_report(method, tmp_path):
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
     assert (tmp_path / "trl_ext_run.json").is_file() and (tmp_path / "monitors.png").is_file()
     assert result.reward_first is not None and result.trust_region_mean is not None
+    assert {rule: n for rule, n in result.alerts.items() if n} == {}, result.alert_log  # healthy: no alert
     if method == "judge-credit":
         assert result.extra["judge_requests"] > 0 and result.extra["judge_failure_ratio_mean"] == 0.0
         assert (tmp_path / "judge_audit.jsonl").is_file()
@@ -299,3 +300,5 @@ def test_default_quickstart_learns(tmp_path):
     assert after.reward - before.reward >= CI_GAIN_BOUND, (before.reward, after.reward)
     assert after.children_mean - before.children_mean >= CI_CHILDREN_GAIN_BOUND, (before, after)
     assert after.child_correct_rate - before.child_correct_rate >= CI_CHILD_CORRECT_BOUND, (before, after)
+    # the run the README calls healthy raises no monitor alert (issue 31: clip_rate_low fired twice here before)
+    assert {rule: n for rule, n in result.alerts.items() if n} == {}, result.alert_log

@@ -54,7 +54,7 @@ ALERTS: dict[str, AlertText] = {
         check="learning rate vs num_iterations / steps_per_generation; with vLLM, "
         "sampling/sampling_logp_difference/mean",
         message="{label} {value:pct} has been above the healthy band ({healthy_min:pct}–{healthy_max:pct}) for "
-        "{streak} observations: the trained policy is far from the one that sampled the tokens. Likely causes: "
+        "{streak} observation(s): the trained policy is far from the one that sampled the tokens. Likely causes: "
         "{lr_text} too high for {passes} update pass(es) per generation batch{staleness_cause}; or "
         "{mismatch_causes}. What to do: "
         "lower the learning rate or num_iterations/steps_per_generation; with vLLM compare "
@@ -122,7 +122,7 @@ ALERTS: dict[str, AlertText] = {
         },
     ),
     "kl_spike": AlertText(
-        meaning="the KL to the reference jumped (above kl_max, 1 by default, or 5x its recent median); only with "
+        meaning="the KL to the reference jumped (above kl_max, 1 by default, or 5x its largest recent value); only with "
         "beta > 0",
         check="completions around that step, grad_norm, a batch with extreme advantages",
         message="KL spike: {what}. The policy moved abruptly away from the reference model. Likely causes: "
@@ -132,21 +132,25 @@ ALERTS: dict[str, AlertText] = {
         "hacking. What to do: look at the completions around this step, check grad_norm, lower the learning rate "
         "or raise beta, and check the entropy alert.",
         variants={
-            "spike": "KL {value:.4g} is {ratio:.1f}x its rolling median {reference:.4g}",
+            "spike": "KL {value:.4g} is {ratio:.1f}x its largest value of the last logs ({reference:.4g})",
             "max": "KL {value:.4g} is above kl_max={kl_max:g}",
         },
     ),
     "reward_collapse": AlertText(
-        meaning="the reward rose, then lost more than half of its gain",
+        meaning="the reward rose, then lost more than half of its gain, or fell below where it started",
         check="the entropy and KL alerts before it; the reward/judge endpoint's health; reward hacking in the "
-        "completions",
-        message="Reward collapse: the reward (mean of the last {smoothing} logs) rose from {low:.4g} to "
-        "{peak:.4g} and has now been at {value:.4g} for {streak} logs, losing {lost_pct:.0f}% of the gain (limit "
-        "{max_drop:.0%}). Likely causes: an entropy collapse or KL blow-up before it (see those alerts), learning "
+        "completions; a reward whose sign or scale changed",
+        message="Reward collapse: the reward (mean of the last {smoothing} logs) {what}. Likely causes: an entropy collapse or KL blow-up before it (see those alerts), learning "
         "rate too high, reward hacking that ends in degenerate outputs, the generator serving a stale or unsynced "
         "LoRA adapter, or a reward/judge endpoint that started failing. What to do: look at completions before and "
         "after the peak, check the entropy, KL and clip-rate alerts, and restart from the checkpoint at the peak "
         "with a lower learning rate.",
+        variants={
+            "": "rose from {low:.4g} to {peak:.4g} and has now been at {value:.4g} for {streak} logs, losing "
+            "{lost_pct:.0f}% of the gain (limit {max_drop:.0%})",
+            "below_start": "fell from {peak:.4g} to {value:.4g} and has been there for {streak} logs, below where it "
+            "started ({low:.4g})",
+        },
     ),
     "reward_no_signal": AlertText(
         meaning="in 90 % or more of the groups every completion got the same reward: advantages are 0",

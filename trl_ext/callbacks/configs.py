@@ -111,7 +111,7 @@ class ClipRateMonitorConfig(_Config):
     """Settings of `ClipRateMonitor`: the healthy band of the loss's trust-region metric (TRL's clip rate, the IPO
     masked ratio: `trl_ext.losses.LossSpec.trust_region_metric`) and the step-change rules.
 
-    Band rules: ``healthy_min``, ``healthy_max``, ``patience``, ``stuck_patience``, ``zero_atol``.
+    Band rules: ``healthy_min``, ``healthy_max``, ``saturated_max``, ``patience``, ``stuck_patience``, ``zero_atol``.
     Step-change rules: ``drop_factor``, ``jump_factor``, ``jump_patience``, ``window``, ``min_history``.
     Wiring: ``metric``, ``expect_nonzero``, ``aggregate_logs``.
     """
@@ -124,6 +124,9 @@ class ClipRateMonitorConfig(_Config):
     )
     healthy_min: float = documented(0.01, "Lower edge of the healthy band (fraction).")
     healthy_max: float = documented(0.20, "Upper edge of the healthy band (fraction).")
+    saturated_max: float | None = documented(
+        0.40, "clip_rate_high fires at once above this (fraction; the trust region saturated); None disables it."
+    )
     patience: int = documented(
         3, "Consecutive observations outside the band before clip_rate_high / clip_rate_low fire."
     )
@@ -142,7 +145,9 @@ class ClipRateMonitorConfig(_Config):
         "only then); None infers it from the training arguments at train begin.",
     )
     aggregate_logs: int | None = documented(
-        None, "Logs averaged into one observation; None = one generation cycle, inferred from the arguments."
+        None,
+        "Logs averaged into one observation; None = two logs when a generation cycle spans several optimizer steps "
+        "(its first, on-policy log is then averaged with an off-policy one), else one.",
     )
 
     def __post_init__(self) -> None:
@@ -150,6 +155,12 @@ class ClipRateMonitorConfig(_Config):
         self._key("metric", "clip_ratio/region_mean", allow_none=True)
         healthy_min = self._float("healthy_min", 0.01, low=0.0, high=1.0, high_inclusive=False)
         healthy_max = self._float("healthy_max", 0.2, low=0.0, high=1.0, low_inclusive=False)
+        saturated_max = self._float("saturated_max", 0.4, low=0.0, high=1.0, allow_none=True)
+        if saturated_max is not None and saturated_max < healthy_max:
+            raise ValueError(
+                f"{owner}: saturated_max={saturated_max!r} must be at least healthy_max={healthy_max!r}; "
+                "pass e.g. saturated_max=0.4 (or None to disable it)."
+            )
         if healthy_min >= healthy_max:
             raise ValueError(
                 f"{owner}: healthy_min={self.healthy_min!r} must be below healthy_max={self.healthy_max!r}; "
@@ -194,12 +205,12 @@ class EntropyMonitorConfig(_Config):
     smoothing: int = documented(3, "Logs in the median compared with the early level.")
     kl_max: float | None = documented(1.0, "Absolute KL threshold (nats per token); None disables it.")
     kl_spike_factor: float | None = documented(
-        5.0, "Multiple of the KL rolling median that counts as a spike; None disables it."
+        5.0, "Multiple of the largest recent KL (kl_window logs) that counts as a spike; None disables it."
     )
     kl_spike_min: float = documented(
         0.01, "Relative KL spikes below this KL are ignored (KL grows from 0 early in training)."
     )
-    kl_window: int = documented(10, "Logs in the KL rolling median.")
+    kl_window: int = documented(10, "Previous logs whose largest KL a spike is compared with.")
     kl_min_history: int = documented(5, "Logs needed before the relative KL rule runs.")
     entropy_metric: str = documented("entropy", "Logged key of the mean token entropy.")
     kl_metric: str = documented("kl", "Logged key of the KL to the reference (beta > 0).")
@@ -237,7 +248,7 @@ class RewardMonitorConfig(_Config):
         "to your reward's scale (0.1 suits rewards in [0, 1]).",
     )
     max_drop: float = documented(0.5, "Fraction of the gain that must be lost (0.5 = half of it).")
-    collapse_patience: int = documented(3, "Consecutive logs below the collapse threshold before the alert.")
+    collapse_patience: int = documented(2, "Consecutive logs below the collapse threshold before the alert.")
     min_drop_sigmas: float = documented(
         6.0,
         "The loss from the peak must also be at least this many standard errors of the smoothed "
@@ -246,7 +257,9 @@ class RewardMonitorConfig(_Config):
     zero_std_max: float | None = documented(
         0.9, "frac_reward_zero_std at or above this is 'no signal'; None disables the rule."
     )
-    zero_std_patience: int = documented(5, "Consecutive logs before reward_no_signal.")
+    zero_std_patience: int = documented(
+        3, "Consecutive logs before reward_no_signal (logs that carry the metric: one per generation in TRL)."
+    )
     judge_failure_max: float | None = documented(
         0.2, "Judge failure ratio above this fires judge_failure; None disables the rule."
     )
@@ -274,10 +287,10 @@ class RewardMonitorConfig(_Config):
         self._int("smoothing", 1, 5)
         self._float("min_rise", 0.1, low=0.0, low_inclusive=False)
         self._float("max_drop", 0.5, low=0.0, high=1.0, low_inclusive=False)
-        self._int("collapse_patience", 1, 3)
+        self._int("collapse_patience", 1, 2)
         self._float("min_drop_sigmas", 6.0, low=0.0)
         self._float("zero_std_max", 0.9, low=0.0, high=1.0, low_inclusive=False, allow_none=True)
-        self._int("zero_std_patience", 1, 5)
+        self._int("zero_std_patience", 1, 3)
         self._float("judge_failure_max", 0.2, low=0.0, high=1.0, high_inclusive=False, allow_none=True)
         self._int("judge_patience", 1, 2)
         self._float("judge_injection_max", 0.0, low=0.0, allow_none=True)

@@ -73,7 +73,8 @@ class ClipRateMonitor(MonitorCallback):
     culprit is a systematic log-prob mismatch between generator and trainer; the loss curve hides such faults.
 
     Rules (log keys ``monitor/alerts/<rule>``; conditions and thresholds in `trl_ext.callbacks.rules`):
-        - ``clip_rate_high``: above ``healthy_max`` for ``patience`` observations (`clip_rate_high`).
+        - ``clip_rate_high``: above ``healthy_max`` for ``patience`` observations, or above ``saturated_max`` in one
+          (`clip_rate_high`).
         - ``clip_rate_low``: below ``healthy_min`` (and not all exactly 0) for ``patience`` observations while the
           run is off-policy (`clip_rate_low`).
         - ``clip_rate_stuck_zero``: exactly 0 (``<= zero_atol``) for ``stuck_patience`` observations while the run
@@ -86,14 +87,17 @@ class ClipRateMonitor(MonitorCallback):
     An *observation* is the mean of ``aggregate_logs`` consecutive logs. TRL computes the ratio against log-probs
     taken at generation time, so within one generation cycle the first optimizer step is on-policy (ratio 1, clip
     rate 0) and later ones are off-policy; per-log values alternate 0, x, 0, x when ``num_iterations > 1``. With
-    ``aggregate_logs=None`` the monitor averages over one generation cycle, inferred from the arguments.
+    ``aggregate_logs=None`` the monitor averages two logs when a generation cycle (inferred from the arguments)
+    spans several optimizer steps, else takes each log.
 
     Off-policy: TRL's clip rate can only be non-zero when ``gradient_accumulation_steps`` is not a multiple of
     ``steps_per_generation × num_iterations`` (otherwise old log-probs equal the current ones, also with vLLM);
     a loss whose metric compares against the sampler's log-probs (``LossSpec.measured_against_sampler``, e.g. the
     IPO masked ratio) is also non-zero with ``use_vllm``. An asynchronous run (TRL's ``AsyncGRPOTrainer``: its
     arguments have ``max_staleness``) is off-policy when ``max_staleness > 0``, and always samples with vLLM.
-    When the run is fully on-policy the value 0 is legitimate and the low/stuck rules stay idle.
+    When the run is fully on-policy the value 0 is legitimate and the low/stuck rules stay idle. They are also idle
+    on a metric whose loss says 0 is its healthy state (``LossSpec.trust_region_floor=False``: IPO's mask acts on
+    outlier tokens only) unless ``expect_nonzero=True``.
 
     Args:
         config: a `ClipRateMonitorConfig` (``metric``, ``healthy_min``, ``healthy_max``, ``patience``,
@@ -166,7 +170,10 @@ class ClipRateMonitor(MonitorCallback):
             if not is_number(logging_steps) or logging_steps < 1:
                 logging_steps = getattr(state, "logging_steps", 1)
             logging_steps = max(1, int(logging_steps)) if is_number(logging_steps) else 1
-            self._aggregate = max(1, math.ceil(cycle_steps / logging_steps))
+            # At most two logs: the on-policy first log of a cycle is averaged with an off-policy one (so values do
+            # not alternate 0, x, 0, x), while a long cycle (num_iterations=16) still gives an observation every two
+            # logs, not one per cycle, which kept the patience rules silent for three cycles.
+            self._aggregate = min(2, max(1, math.ceil(cycle_steps / logging_steps)))
 
     def _metric_candidates(self) -> list[str]:
         """The keys the watched metric is picked from, best first: the run's loss's trust-region metric when known,
@@ -197,7 +204,11 @@ class ClipRateMonitor(MonitorCallback):
         x = sum(st["pending"]) / len(st["pending"])
         st["pending"] = []
         st["aggregate"] = self._aggregate  # read by `plot_run` to draw the observations
-        off_policy = {"off_policy": self._expect}
+        # The low rules watch a metric whose loss says a value near 0 means stalled updates (not IPO's mask, which
+        # acts on outlier tokens only and is healthy at 0), in a run where it can move (`_configure`).
+        spec = trust_region_loss(metric)
+        floor = spec is None or spec.trust_region_floor or self.config.expect_nonzero is True
+        off_policy = {"off_policy": self._expect and floor}
         checks: tuple[tuple[Rule, dict[str, Any]], ...] = (
             (clip_rate_stuck_zero, off_policy),
             (clip_rate_low, off_policy),
@@ -244,6 +255,9 @@ class EntropyMonitor(MonitorCallback):
 # ----------------------------------------------------------------------------------------------------------------
 
 
+JUDGE_SPANS_METRIC = "judge/spans_per_rollout"  # logged by JudgeCreditTrainer: the judge's spans per rollout
+
+
 class RewardMonitor(MonitorCallback):
     """Watch the reward for collapse after a rise, the learning signal, and the LLM judge's failures.
 
@@ -251,10 +265,12 @@ class RewardMonitor(MonitorCallback):
 
     Rules (log keys ``monitor/alerts/<rule>``; conditions and thresholds in `trl_ext.callbacks.rules`):
         - ``reward_collapse``: the reward, averaged over the last ``smoothing`` logs, has risen by at least
-          ``min_rise`` above its earlier low, then lost more than ``max_drop`` of that gain for ``collapse_patience``
-          consecutive logs, by at least ``min_drop_sigmas`` standard errors (`reward_collapse`).
+          ``min_rise`` above its earlier low, then lost more than ``max_drop`` of that gain (or fallen below that low,
+          ``min_rise`` under its peak) for ``collapse_patience`` consecutive logs, by at least ``min_drop_sigmas``
+          standard errors (`reward_collapse`).
         - ``reward_no_signal``: ``frac_reward_zero_std`` >= ``zero_std_max`` for ``zero_std_patience`` logs: nearly
-          every group has identical rewards, so the advantages are 0 (`reward_no_signal`).
+          every group has identical rewards, so the advantages are 0 (`reward_no_signal`). Not in a log where judge
+          credit (``judge_lambda > 0``) marked spans: those give per-token advantages all the same.
         - ``judge_failure``: ``judge/failure_ratio`` > ``judge_failure_max`` for ``judge_patience`` logs (judge credit
           runs only; `judge_failure`).
         - ``judge_injection``: ``judge/injection_suspected`` > ``judge_injection_max`` for ``judge_injection_patience``
@@ -279,6 +295,23 @@ class RewardMonitor(MonitorCallback):
         (judge_injection, "judge_injection_metric"),
     )
     config: RewardMonitorConfig
+
+    def __init__(self, config: RewardMonitorConfig | None = None, **kwargs: Any):
+        super().__init__(config, **kwargs)
+        self._judge_credit = False  # `_configure`: the run blends judge credit into its advantages
+
+    def _configure(self, args: TrainingArguments, state: TrainerState) -> None:
+        super()._configure(args, state)
+        judge_lambda = getattr(args, "judge_lambda", None)
+        self._judge_credit = is_number(judge_lambda) and judge_lambda > 0
+
+    def _check(self, logs: Mapping[str, Any], step: int) -> list[tuple[Finding, str]]:
+        # A judge-credit run whose judge marked spans has per-token advantages even where every group's rewards
+        # agree (benchmarks/monitors_eval.py: a healthy run whose rollouts all failed for 4 generations): not "no
+        # signal".
+        if self._judge_credit and (metric_value(logs, JUDGE_SPANS_METRIC) or 0) > 0:
+            logs = {**logs, self.config.zero_std_metric: 0.0}
+        return super()._check(logs, step)
 
 
 # ----------------------------------------------------------------------------------------------------------------

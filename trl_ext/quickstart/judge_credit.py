@@ -124,7 +124,9 @@ def build_policy(js: JudgeCreditSettings) -> tuple[Any, Any]:
     )
 
 
-def _sft(model: Any, tokenizer: Any, rows: Any, js: JudgeCreditSettings, folder: Path, progress: bool) -> Any:
+def sft_copy_policy(
+    model: Any, tokenizer: Any, rows: Any, js: JudgeCreditSettings, folder: Path, progress: bool
+) -> Any:
     """Brief cold-start SFT on the copy task (constant learning rate, short rows); the model in eval mode."""
     return cold_start_sft(
         model,
@@ -169,11 +171,13 @@ def evaluate_copy(model: Any, tokenizer: Any, dataset: Any, digits: int, batch_s
 # ----------------------------------------------------------------------------------------------------------------
 # RL
 # ----------------------------------------------------------------------------------------------------------------
-def _rl_config(output: Path, js: JudgeCreditSettings, judge_lambda: float, base_url: str, progress: bool) -> Any:
+def _rl_config(
+    output: Path, js: JudgeCreditSettings, judge_lambda: float, base_url: str, progress: bool, **overrides: Any
+) -> Any:
     from trl_ext.trainers import JudgeCreditConfig
 
     rollouts = js.prompts_per_step * js.num_generations
-    return JudgeCreditConfig(
+    kwargs = dict(
         **cpu_run_kwargs(output, js.seed, progress),
         max_steps=js.rl_steps,
         learning_rate=js.rl_learning_rate,
@@ -194,6 +198,7 @@ def _rl_config(output: Path, js: JudgeCreditSettings, judge_lambda: float, base_
         marker_every=js.marker_every,
         reward_weights=[1.0, 0.0],  # per-digit accuracy is logged (rewards/...), never trained on
     )
+    return JudgeCreditConfig(**{**kwargs, **overrides})
 
 
 def train_rl(
@@ -206,16 +211,25 @@ def train_rl(
     base_url: str,
     progress: bool = False,
     monitors: list[Any] | None = None,
+    *,
+    reward_funcs: list[Any] | None = None,
+    config_overrides: dict[str, Any] | None = None,
 ) -> Any:
-    """`JudgeCreditTrainer` on ``dataset`` from ``model`` (changed in place: LoRA is injected), judge at ``base_url``."""
+    """`JudgeCreditTrainer` on ``dataset`` from ``model`` (changed in place: LoRA is injected), judge at ``base_url``.
+
+    ``monitors`` are passed as ``callbacks``; ``reward_funcs`` replace the outcome reward and the logged per-digit
+    accuracy (in that order; the first keeps the name ``copy_exact_match_reward``, the judge's verdict reward);
+    ``config_overrides`` replace fields of the `JudgeCreditConfig` (benchmarks/monitors_eval.py uses both to inject
+    pathologies into this run).
+    """
     from peft import LoraConfig
 
     from trl_ext.trainers import JudgeCreditTrainer
 
-    config = _rl_config(output, js, judge_lambda, base_url, progress)
+    config = _rl_config(output, js, judge_lambda, base_url, progress, **(config_overrides or {}))
     trainer = JudgeCreditTrainer(
         model,
-        [copy_exact_match_reward, copy_digit_accuracy_reward],
+        reward_funcs or [copy_exact_match_reward, copy_digit_accuracy_reward],
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
@@ -266,7 +280,7 @@ def run_judge_credit(
         f"[1/{stages}] copy task ({js.digits} digits, exact-match reward): cold-start SFT of a tiny Qwen2 model on "
         f"{len(sft_rows)} examples ({js.sft_epochs:g} epochs); {len(rl_set)} RL prompts, {len(held_out)} held out"
     )
-    model = _sft(model, tokenizer, sft_rows, js, output / "sft", progress)
+    model = sft_copy_policy(model, tokenizer, sft_rows, js, output / "sft", progress)
     times["sft"] = time.perf_counter() - tick
 
     tick = time.perf_counter()
@@ -362,7 +376,7 @@ def judge_credit_ablation(
                 seed, js.num_sft_examples, js.num_rl_examples, js.num_eval_examples, js.digits
             )
             model, tokenizer = build_policy(js)
-            model = _sft(model, tokenizer, sft_rows, js, root / f"seed{seed}" / "sft", progress=False)
+            model = sft_copy_policy(model, tokenizer, sft_rows, js, root / f"seed{seed}" / "sft", progress=False)
             before = evaluate_copy(model, tokenizer, held_out, js.digits)
             sft_wall = time.perf_counter() - tick
             for lam in lambdas:

@@ -10,12 +10,21 @@ from .series import Finding, Memory, RuleResult, Steps, Values, append_window, c
 def clip_rate_high(
     values: Values, steps: Steps, config: ClipRateMonitorConfig, memory: Memory | None = None
 ) -> RuleResult:
-    """The value has been above the healthy band for a while: the trained policy is far from the sampling one.
+    """The value has been above the healthy band for a while, or is far above it: the trained policy is far from
+    the sampling one.
 
     Fires at each observation that ends a run of at least ``config.patience`` (3) consecutive values
-    ``> config.healthy_max`` (0.20). Facts: ``streak``.
+    ``> config.healthy_max`` (0.20), and at once at an observation ``> config.saturated_max`` (0.40: the trust region
+    acts on nearly half of the tokens). Facts: ``streak``.
     """
-    return consecutive("clip_rate_high", values, steps, lambda x: x > config.healthy_max, config.patience, memory)
+    saturated = config.saturated_max
+    streak = int((memory or {}).get("streak", 0))
+    findings = []
+    for step, x in zip(steps, values):
+        streak = streak + 1 if x > config.healthy_max else 0
+        if streak >= config.patience or (saturated is not None and x > saturated):
+            findings.append(Finding("clip_rate_high", step, x, facts={"streak": streak}))
+    return RuleResult(findings, {"streak": streak})
 
 
 def clip_rate_low(

@@ -14,14 +14,16 @@ NOISE_WINDOW = 50  # raw rewards used to estimate the reward's log-to-log noise
 def reward_collapse(
     values: Values, steps: Steps, config: RewardMonitorConfig, memory: Memory | None = None
 ) -> RuleResult:
-    """The reward rose, then lost most of its gain, by more than its noise.
+    """The reward rose, then lost most of its gain (or fell below where it started), by more than its noise.
 
-    The smoothed reward is the mean of the last ``config.smoothing`` (5) values. Once it has risen by at least
-    ``config.min_rise`` (0.1) from its earlier low to its peak, a log counts as collapsed when the smoothed reward
-    has lost more than ``config.max_drop`` (0.5) of that gain and the loss from the peak is at least
-    ``config.min_drop_sigmas`` (6) standard errors of the smoothed reward (log-to-log noise from the last 50
-    values, see `noise_sigma`). Fires at each log that ends a run of at least ``config.collapse_patience`` (3)
-    collapsed logs; value: the smoothed reward. Facts: ``low``, ``peak``, ``streak``, ``lost_pct``.
+    The smoothed reward is the mean of the last ``config.smoothing`` (5) values. A log counts as collapsed when the
+    loss from the peak is at least ``config.min_drop_sigmas`` (6) standard errors of the smoothed reward (log-to-log
+    noise from the last 50 values, see `noise_sigma`) and either the smoothed reward, having risen by at least
+    ``config.min_rise`` (0.1) from its earlier low to its peak, has lost more than ``config.max_drop`` (0.5) of that
+    gain, or it is below that earlier low, at least ``config.min_rise`` under the peak (variant ``"below_start"``: a
+    reward that fell, e.g. flipped its sign, before it had risen by ``min_rise``). Fires at each log that ends a run of at least
+    ``config.collapse_patience`` (2) collapsed logs; value: the smoothed reward. Facts: ``low``, ``peak``,
+    ``streak``, ``lost_pct`` (not for ``"below_start"``).
     """
     memory = memory or {}
     recent = list(memory.get("recent", []))
@@ -43,20 +45,18 @@ def reward_collapse(
                 peak, low_before_peak = smoothed, low
         gain = peak - low_before_peak
         standard_error = noise_sigma(noise) / math.sqrt(config.smoothing)
-        collapsed_now = (
-            gain >= config.min_rise
-            and smoothed < peak - config.max_drop * gain
-            and peak - smoothed >= config.min_drop_sigmas * standard_error
-        )
+        beyond_noise = peak - smoothed >= config.min_drop_sigmas * standard_error
+        lost_gain = gain >= config.min_rise and smoothed < peak - config.max_drop * gain
+        # below where it started, by a drop of min_rise at least: a reward that fell (e.g. flipped its sign) before
+        # it had gained min_rise
+        below_start = smoothed < low_before_peak and peak - smoothed >= config.min_rise
+        collapsed_now = beyond_noise and (lost_gain or below_start)
         streak = streak + 1 if collapsed_now else 0
         if streak >= config.collapse_patience:
-            facts = {
-                "low": low_before_peak,
-                "peak": peak,
-                "streak": streak,
-                "lost_pct": 100 * (peak - smoothed) / gain,
-            }
-            findings.append(Finding("reward_collapse", step, smoothed, facts=facts))
+            facts = {"low": low_before_peak, "peak": peak, "streak": streak}
+            if lost_gain:
+                facts["lost_pct"] = 100 * (peak - smoothed) / gain
+            findings.append(Finding("reward_collapse", step, smoothed, "" if lost_gain else "below_start", facts))
     state = {"low": low, "peak": peak, "low_before_peak": low_before_peak}
     return RuleResult(findings, {"recent": recent, "noise": noise, "streak": streak, **state})
 
@@ -67,7 +67,7 @@ def reward_no_signal(
     """Nearly every group got identical rewards, so the advantages are 0 and nothing is learnt.
 
     ``values`` are ``frac_reward_zero_std``. Fires at each log that ends a run of at least
-    ``config.zero_std_patience`` (5) consecutive values ``>= config.zero_std_max`` (0.9); never when
+    ``config.zero_std_patience`` (3) consecutive values ``>= config.zero_std_max`` (0.9); never when
     ``zero_std_max`` is None. Facts: ``streak``.
     """
     if config.zero_std_max is None:
