@@ -75,7 +75,6 @@ class LocalPolicy:
         self.version = 0
         self._generator = TransformersGenerator(model, tokenizer, settings=settings, batch_size=batch_size)
         self._lock = threading.Lock()
-        self._names = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
 
     # ------------------------------------------------------------------------------ trl_ext.rlm.Generator
     def generate(self, prompts: Sequence[Sequence[int]]) -> list[Completion]:
@@ -110,7 +109,7 @@ class LocalPolicy:
         with torch.no_grad():
             for name, tensor in iterator:
                 target = state.get(name)
-                if target is None or name not in self._names:
+                if target is None:
                     raise KeyError(
                         f"LocalPolicy received the weight {name!r}, which its sampling copy does not have: build it "
                         "from the same architecture the trainer trains (the same model path)."
