@@ -13,6 +13,20 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def vllm_sockets_in_the_session_folder(tmp_path_factory) -> Iterator[None]:
+    """vLLM's engines (colocated and `vllm serve`) make their ZeroMQ sockets in ``VLLM_RPC_BASE_PATH`` (default: the
+    temporary folder) and leave them there when the engine is killed: in this session's own folder, which pytest
+    rotates, they never pile up in the temporary folder."""
+    previous = os.environ.get("VLLM_RPC_BASE_PATH")
+    os.environ["VLLM_RPC_BASE_PATH"] = str(tmp_path_factory.mktemp("vllm_rpc"))
+    yield
+    if previous is None:
+        os.environ.pop("VLLM_RPC_BASE_PATH", None)
+    else:
+        os.environ["VLLM_RPC_BASE_PATH"] = previous
+
+
 # The vLLM test group's shared `vllm serve` (tests/vllm_server.py). Started on the first request of a test that asks
 # for `vllm_server` or `vllm_server_to_kill` (never in a run without one), stopped at the end of the session.
 SHARED_MAX_LORAS = 4  # TRL needs max_staleness + 2 (it checks at start-up): enough for max_staleness <= 2
