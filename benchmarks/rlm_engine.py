@@ -274,8 +274,9 @@ def render(
         f"frozen between cells and thawed for each); start-up to the first result; {backends[0][1]['many']} REPLs "
         "started at once from 8 threads (as the engine does) until each answered a first cell, their idle memory "
         "(median of 50), then all closed at once and checked for leftovers (processes of their uids, directories, "
-        f"control groups), {backends[0][1]['repeats']} rounds (medians; leftovers summed). Each backend alone, and with as many CPU-spinning processes as the machine has CPUs "
-        f"(a loaded machine, the same on every run). A bare `python -I -S -c` start takes {bare_ms:.1f} ms here.",
+        f"control groups), {backends[0][1]['repeats']} rounds (medians; leftovers summed). Each backend alone, and "
+        "with as many CPU-spinning processes as the machine has CPUs (a loaded machine, the same on every run)."
+        f" A bare `python -I -S -c` start takes {bare_ms:.1f} ms here.",
         "",
         "| metric | target | " + " | ".join(name for name, _ in backends) + " |",
         "|---|---|" + "---|" * len(backends),

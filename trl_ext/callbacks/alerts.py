@@ -122,8 +122,8 @@ ALERTS: dict[str, AlertText] = {
         },
     ),
     "kl_spike": AlertText(
-        meaning="the KL to the reference jumped (above kl_max, 1 by default, or 5x its largest recent value); only with "
-        "beta > 0",
+        meaning="the KL to the reference jumped (above kl_max, 1 by default, or 5x its largest recent value); "
+        "only with beta > 0",
         check="completions around that step, grad_norm, a batch with extreme advantages",
         message="KL spike: {what}. The policy moved abruptly away from the reference model. Likely causes: "
         "{lr_too_high} or a batch with extreme advantages; cold-start SFT on the full dataset (the entropy "
@@ -140,8 +140,8 @@ ALERTS: dict[str, AlertText] = {
         meaning="the reward rose, then lost more than half of its gain, or fell below where it started",
         check="the entropy and KL alerts before it; the reward/judge endpoint's health; reward hacking in the "
         "completions; a reward whose sign or scale changed",
-        message="Reward collapse: the reward (mean of the last {smoothing} logs) {what}. Likely causes: an entropy collapse or KL blow-up before it (see those alerts), learning "
-        "rate too high, reward hacking that ends in degenerate outputs, the generator serving a stale or unsynced "
+        message="Reward collapse: the reward (mean of the last {smoothing} logs) {what}. Likely causes: an entropy "
+        "collapse or KL blow-up before it (see those alerts), learning rate too high, reward hacking that ends in degenerate outputs, the generator serving a stale or unsynced "
         "LoRA adapter, or a reward/judge endpoint that started failing. What to do: look at completions before and "
         "after the peak, check the entropy, KL and clip-rate alerts, and restart from the checkpoint at the peak "
         "with a lower learning rate.",

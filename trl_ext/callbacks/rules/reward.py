@@ -21,8 +21,8 @@ def reward_collapse(
     noise from the last 50 values, see `noise_sigma`) and either the smoothed reward, having risen by at least
     ``config.min_rise`` (0.1) from its earlier low to its peak, has lost more than ``config.max_drop`` (0.5) of that
     gain, or it is below that earlier low, at least ``config.min_rise`` under the peak (variant ``"below_start"``: a
-    reward that fell, e.g. flipped its sign, before it had risen by ``min_rise``). Fires at each log that ends a run of at least
-    ``config.collapse_patience`` (2) collapsed logs; value: the smoothed reward. Facts: ``low``, ``peak``,
+    reward that fell, e.g. flipped its sign, before it had risen by ``min_rise``). Fires at each log that ends a run
+    of at least ``config.collapse_patience`` (2) collapsed logs; value: the smoothed reward. Facts: ``low``, ``peak``,
     ``streak``, ``lost_pct`` (not for ``"below_start"``).
     """
     memory = memory or {}

@@ -90,7 +90,7 @@ def host_support(refresh: bool = False) -> HostSupport:
         return _host
 
 
-# A RAM-backed folder every Linux host mounts (tmpfs): REPL folders of the namespace backend go there (`memory_folder`).
+# A RAM-backed folder every Linux host mounts (tmpfs): namespaced REPLs' folders go there (`memory_folder`).
 MEMORY_FOLDER = "/dev/shm"
 
 

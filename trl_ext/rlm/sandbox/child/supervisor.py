@@ -55,7 +55,8 @@ def _supervise(config, protocol_fds):
         return
     for fd in protocol_fds:
         os.close(fd)
-    # the second report (the first is this process's pid, `_become_repl`): the server's, as the trainer's /proc numbers it
+    # the second report (the first is this process's pid, `_become_repl`): the server's pid, as the trainer's /proc
+    # numbers it
     os.write(config["status_fd"], server.to_bytes(4, "big"))
     import select
 
