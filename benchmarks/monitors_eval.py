@@ -52,48 +52,63 @@ KL_BETA = 0.04
 
 @dataclasses.dataclass(frozen=True)
 class Pathology:
-    """One injected failure: its name, the rules that should name it, and how it is injected (``settings``: from the
-    first step; ``at_onset``: switched on by `Onset` at the onset step)."""
+    """One injected failure, the rules that should name it, and how it is injected.
+
+    From the first step: ``config`` (fields of the run's `JudgeCreditConfig`), ``learning_rate_x`` (the configured
+    learning rate times this), ``judge_lambda`` (None: the miniature's). At the onset step (`Onset`):
+    ``onset_learning_rate_x`` (the optimizer's learning rate times this), ``reward`` (the outcome reward turns
+    ``"constant"`` or ``"flipped"``), ``judge_down`` (the judge answers HTTP 500).
+    """
 
     name: str
     expected: tuple[str, ...]
-    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
-    at_onset: bool = True
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    learning_rate_x: float = 1.0
+    judge_lambda: float | None = None
+    onset_learning_rate_x: float | None = None
+    reward: str | None = None
+    judge_down: bool = False
+
+    @property
+    def mid_run(self) -> bool:
+        """Switched on at the onset step (else present from the first step)."""
+        return self.onset_learning_rate_x is not None or self.reward is not None or self.judge_down
 
 
 PATHOLOGIES = (
-    Pathology("learning rate x30", ("kl_spike", "entropy_collapse", "clip_rate_high")),
-    Pathology("temperature 0.05", ("entropy_collapse",), {"temperature": 0.05}, at_onset=False),
-    Pathology("constant reward", ("reward_no_signal",), {"judge_lambda": 0.0}),  # the reward is the only signal
-    Pathology("stale rollouts", ("clip_rate_high",), {"num_iterations": 16, "lr_x": 10.0}, at_onset=False),
-    Pathology("judge fails", ("judge_failure",)),
-    Pathology("sign flip", ("reward_collapse",)),
+    Pathology("learning rate x30", ("kl_spike", "entropy_collapse", "clip_rate_high"), onset_learning_rate_x=30.0),
+    Pathology("temperature 0.05", ("entropy_collapse",), config={"temperature": 0.05}),
+    # λ = 0: the outcome reward is the only signal
+    Pathology("constant reward", ("reward_no_signal",), judge_lambda=0.0, reward="constant"),
+    Pathology("stale rollouts", ("clip_rate_high",), config={"num_iterations": 16}, learning_rate_x=10.0),
+    Pathology("judge fails", ("judge_failure",), judge_down=True),
+    Pathology("sign flip", ("reward_collapse",), reward="flipped"),
 )
 
 
 class Onset(TrainerCallback):
     """Switches a pathology on at the start of optimizer step ``onset`` (1-based, as the logs number steps)."""
 
-    def __init__(self, onset: int, lr_factor: float | None = None) -> None:
-        self.onset, self.lr_factor, self.on = onset, lr_factor, False
+    def __init__(self, onset: int, learning_rate_x: float | None = None) -> None:
+        self.onset, self.learning_rate_x, self.on = onset, learning_rate_x, False
 
     def on_step_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
         if not self.on and state.global_step + 1 >= self.onset:
             self.on = True
-            if self.lr_factor is not None:  # a constant schedule: scale its base rates too, or it resets them
-                lr_scheduler.base_lrs = [lr * self.lr_factor for lr in lr_scheduler.base_lrs]
+            if self.learning_rate_x is not None:  # a constant schedule: scale its base rates too, or it resets them
+                lr_scheduler.base_lrs = [lr * self.learning_rate_x for lr in lr_scheduler.base_lrs]
                 for group in optimizer.param_groups:
-                    group["lr"] *= self.lr_factor
+                    group["lr"] *= self.learning_rate_x
 
 
 def outcome_reward(onset: Onset, kind: str | None) -> Callable[..., list[float]]:
-    """The miniature's exact-match reward, constant (``"constant"``) or negated (``"flip"``) once `onset` is on."""
+    """The miniature's exact-match reward, ``"constant"`` (0.5) or ``"flipped"`` (negated) once `onset` is on."""
 
     def copy_exact_match_reward_(completions, answer, **kwargs):
         rewards = copy_exact_match_reward(completions, answer, **kwargs)
         if onset.on and kind == "constant":
             return [0.5] * len(rewards)
-        if onset.on and kind == "flip":
+        if onset.on and kind == "flipped":
             return [-r for r in rewards]
         return rewards
 
@@ -109,24 +124,21 @@ def run(
     pathology: Pathology | None,
     logs_dir: str | None = None,
 ) -> dict[str, Any]:
-    """One RL run from the seed's SFT policy; returns its alerts (rule, step) and the onset."""
+    """One RL run from the seed's SFT policy (``pathology`` None: healthy); returns its alerts (rule, step) and the
+    onset."""
     model, tokenizer, rl_set = sft
-    settings = dict(pathology.settings) if pathology else {}
-    lr_x = settings.pop("lr_x", None)
-    judge_lambda = settings.pop("judge_lambda", js.judge_lambda)
-    name = pathology.name if pathology else "healthy"
-    onset = Onset(onset_step if pathology and pathology.at_onset else 1, 30.0 if name == "learning rate x30" else None)
-    kind = {"constant reward": "constant", "sign flip": "flip"}.get(name)
+    sick = pathology or Pathology("healthy", ())
+    onset = Onset(onset_step if sick.mid_run else 1, sick.onset_learning_rate_x)
     judge = judge_for(js)
-    fails = name == "judge fails"
 
     def script(request):
-        return ErrorReply(500, "the judge is down") if fails and onset.on else judge(request)
+        return ErrorReply(500, "the judge is down") if sick.judge_down and onset.on else judge(request)
 
     monitors = default_monitors(action="warn", stop_on_collapse=False)
-    overrides = {"max_steps": steps, "beta": KL_BETA, **settings}
-    if lr_x is not None:
-        overrides["learning_rate"] = js.rl_learning_rate * lr_x
+    overrides = {"max_steps": steps, "beta": KL_BETA, **sick.config}
+    if sick.learning_rate_x != 1.0:
+        overrides["learning_rate"] = js.rl_learning_rate * sick.learning_rate_x
+    judge_lambda = js.judge_lambda if sick.judge_lambda is None else sick.judge_lambda
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as output, ScriptedChatServer(script, model="judge") as server:
         trainer = train_rl(
@@ -138,12 +150,12 @@ def run(
             Path(output),
             server.base_url,
             monitors=[*monitors, onset],
-            reward_funcs=[outcome_reward(onset, kind), copy_digit_accuracy_reward],
+            reward_funcs=[outcome_reward(onset, sick.reward), copy_digit_accuracy_reward],
             config_overrides=overrides,
         )
     alerts = sorted((a["rule"], a["step"]) for m in monitors for a in m.alerts)
     if logs_dir is not None:  # the run's logs, to replay the rules on (`replay`)
-        path = Path(logs_dir) / f"{name.replace(' ', '_')}-seed{js.seed}.json"
+        path = Path(logs_dir) / f"{sick.name.replace(' ', '_')}-seed{js.seed}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         fields = (
             "gradient_accumulation_steps",
@@ -157,7 +169,7 @@ def run(
         path.write_text(json.dumps({"onset": onset.onset, "args": run_args, "log_history": trainer.state.log_history}))
     return {
         "seed": js.seed,
-        "pathology": name,
+        "pathology": sick.name,
         "onset": onset.onset,
         "alerts": alerts,
         "steps": trainer.state.global_step,
@@ -203,18 +215,19 @@ def replay(path: str | Path) -> list[tuple[str, int]]:
     return sorted(alerts)
 
 
-def evaluate(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per pathology: caught or not and the delay; per rule: alerts on healthy runs and before onsets."""
+def healthy(result: dict[str, Any]) -> bool:
+    """A healthy run's result (``"healthy"``, or a replayed ``"healthy_<name>"``)."""
+    return result["pathology"].startswith("healthy")
+
+
+def evaluate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each run with its false alarms (any alert of a healthy run, any before a pathology's onset), the expected rule
+    that caught its pathology first (``caught_by``) and how many steps after the onset (``delay``)."""
     expected = {p.name: p.expected for p in PATHOLOGIES}
     rows = []
-    false_alarms: dict[str, int] = {}
     for r in runs:
         rules = expected.get(r["pathology"], ())
-        before = [
-            (rule, step) for rule, step in r["alerts"] if r["pathology"].startswith("healthy") or step < r["onset"]
-        ]
-        for rule, _ in before:
-            false_alarms[rule] = false_alarms.get(rule, 0) + 1
+        before = [(rule, step) for rule, step in r["alerts"] if healthy(r) or step < r["onset"]]
         hits = [(step, rule) for rule, step in r["alerts"] if rule in rules and step >= r["onset"]]
         first = min(hits) if hits else None
         rows.append(
@@ -225,13 +238,12 @@ def evaluate(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 "delay": first[0] - r["onset"] if first else None,
             }
         )
-    return {"rows": rows, "false_alarms": false_alarms}
+    return rows
 
 
-def render(result: dict[str, Any], seeds: list[int], steps: int, healthy_steps: int, command: str) -> str:
-    rows = result["rows"]
-    healthy = [r for r in rows if r["pathology"].startswith("healthy")]
-    sick = [r for r in rows if not r["pathology"].startswith("healthy")]
+def render(rows: list[dict[str, Any]], seeds: list[int], steps: int, healthy_steps: int, command: str) -> str:
+    well = [r for r in rows if healthy(r)]
+    sick = [r for r in rows if not healthy(r)]
     lines = [
         "## Monitors: alerts on healthy runs and injected pathologies",
         "",
@@ -245,20 +257,18 @@ def render(result: dict[str, Any], seeds: list[int], steps: int, healthy_steps: 
         "|---|---|---|---|---|",
     ]
     expected = {p.name: ", ".join(p.expected) for p in PATHOLOGIES}
-    for r in healthy + sick:
-        name = f"healthy, seed {r['seed']}" if r["pathology"].startswith("healthy") else r["pathology"]
-        caught = (
-            "—"
-            if r["pathology"].startswith("healthy")
-            else (f"{r['caught_by']} (+{r['delay']})" if r["caught_by"] else "**missed**")
-        )
+    for r in well + sick:
+        if healthy(r):
+            name, onset, caught = f"healthy, seed {r['seed']}", "—", "—"
+        else:
+            name, onset = r["pathology"], str(r["onset"])
+            caught = f"{r['caught_by']} (+{r['delay']})" if r["caught_by"] else "**missed**"
         false = ", ".join(f"{rule}@{step}" for rule, step in r["false"]) or "none"
-        onset = "—" if r["pathology"].startswith("healthy") else str(r["onset"])
         lines.append(f"| {name} | {onset} | {expected.get(r['pathology'], '—')} | {caught} | {false} |")
     caught = sum(r["caught_by"] is not None and r["delay"] <= 5 for r in sick)
     lines += [
         "",
-        f"Healthy runs with an alert: {sum(bool(r['false']) for r in healthy)} of {len(healthy)}. Pathologies caught "
+        f"Healthy runs with an alert: {sum(bool(r['false']) for r in well)} of {len(well)}. Pathologies caught "
         f"by an expected rule within 5 steps of onset: {caught} of {len(sick)}. Every alert of every run: "
         + "; ".join(f"{r['pathology']} (seed {r['seed']}): {r['alerts'] or 'none'}" for r in rows)
         + ".",

@@ -18,13 +18,15 @@ def clip_rate_high(
     acts on nearly half of the tokens). Facts: ``streak``.
     """
     saturated = config.saturated_max
-    streak = int((memory or {}).get("streak", 0))
-    findings = []
-    for step, x in zip(steps, values):
-        streak = streak + 1 if x > config.healthy_max else 0
-        if streak >= config.patience or (saturated is not None and x > saturated):
-            findings.append(Finding("clip_rate_high", step, x, facts={"streak": streak}))
-    return RuleResult(findings, {"streak": streak})
+    return consecutive(
+        "clip_rate_high",
+        values,
+        steps,
+        lambda x: x > config.healthy_max,
+        config.patience,
+        memory,
+        at_once=None if saturated is None else lambda x: x > saturated,
+    )
 
 
 def clip_rate_low(

@@ -79,13 +79,15 @@ def consecutive(
     patience: int,
     memory: Mapping[str, Any] | None,
     enabled: bool = True,
+    at_once: Callable[[float], bool] | None = None,
 ) -> RuleResult:
-    """Findings where ``abnormal`` has held for ``patience`` consecutive observations (and ``enabled``)."""
+    """Findings where ``abnormal`` has held for ``patience`` consecutive observations, or where ``at_once`` holds
+    (and ``enabled``)."""
     streak = int((memory or {}).get("streak", 0))
     findings = []
     for step, x in zip(steps, values):
         streak = streak + 1 if abnormal(x) else 0
-        if enabled and streak >= patience:
+        if enabled and (streak >= patience or (at_once is not None and at_once(x))):
             findings.append(Finding(rule, step, x, facts={"streak": streak}))
     return RuleResult(findings, {"streak": streak})
 
