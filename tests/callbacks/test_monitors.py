@@ -735,6 +735,7 @@ def test_resume_from_a_checkpoint_restores_the_monitor_state(tmp_path):
 DDP_SCRIPT = textwrap.dedent(
     """
     import json, logging, sys
+    from pathlib import Path
     sys.path.insert(0, sys.argv[2])
     logging.basicConfig(level=logging.WARNING, format="%(name)s|%(message)s")
     import test_monitors as t
@@ -744,6 +745,9 @@ DDP_SCRIPT = textwrap.dedent(
     out = {"step": trainer.state.global_step, "counts": [m.alert_counts for m in monitors]}
     with open(f"{sys.argv[1]}/rank{trainer.args.process_index}.json", "w") as f:
         json.dump(out, f)
+    sys.path.insert(0, str(Path(sys.argv[2]).parents[1]))
+    from tests.utils import end_distributed_script
+    end_distributed_script()  # leave without gloo's teardown at exit, which can abort a rank (tests/utils.py)
     """
 )
 
