@@ -36,8 +36,7 @@ from _timing import GenerationTimer, StepTimer  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from trl.trainer.utils import pad  # noqa: E402
 
-from tests.trainers.test_stepwise_rlm import scripted_generator, yes_reward  # noqa: E402
-from trl_ext.testing import build_tiny_model_and_tokenizer  # noqa: E402
+from trl_ext.testing import VariantGenerator, build_tiny_model_and_tokenizer, yes_reward  # noqa: E402
 from trl_ext.trainers.stepwise_rlm import StepwiseRLMConfig, StepwiseRLMTrainer  # noqa: E402
 
 
@@ -71,8 +70,9 @@ class MeteredStepwise(GenerationTimer, StepwiseRLMTrainer):
         return loss
 
 
-class MeteredFlat(MeteredStepwise):
-    """One row per node: first prompt, then actions and observations, observations masked out (tool_mask)."""
+class FlatRows:
+    """`StepwiseRLMTrainer` mixin: one row per node instead of one per turn: the node's first prompt, then its
+    actions and the REPL observations between them, observations masked out of the loss (TRL's ``tool_mask``)."""
 
     def process_scored_batch(self, batch, inputs):
         tokenizer = self.processing_class
@@ -104,6 +104,10 @@ class MeteredFlat(MeteredStepwise):
             "advantages": batch["advantages"][row_root],
             "num_items_in_batch": batch["num_items_in_batch"],
         }
+
+
+class MeteredFlat(FlatRows, MeteredStepwise):
+    pass
 
 
 def run(kind: str, steps: int, output_dir: str) -> tuple[list[float], PaddingMeter]:
@@ -138,7 +142,7 @@ def run(kind: str, steps: int, output_dir: str) -> tuple[list[float], PaddingMet
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        generator=scripted_generator(tokenizer),
+        generator=VariantGenerator(tokenizer),
         callbacks=[timer],
     )
     trainer.meter = PaddingMeter()

@@ -8,11 +8,14 @@ vision-language tests, with their processors over the same tokenizer).
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from .rlm.generators import ScriptedGenerator
 
 # Chat template of the ChatML family (the one Qwen uses), written out so no Hub file is needed.
 CHAT_TEMPLATE = (
@@ -266,3 +269,58 @@ def build_tiny_vlm_and_processor(seed: int = 0, family: str = "qwen2_vl"):
         model = Model(config)
     model.generation_config = GenerationConfig(eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID)
     return model, processor
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Scripted RLM trees: deterministic stepwise-RLM rollouts for tests and benchmarks (a real REPL runs the code)
+# ----------------------------------------------------------------------------------------------------------------
+def repl_code(source: str) -> str:
+    """``source`` as the scaffold's REPL code block."""
+    return f"```repl\n{source}\n```"
+
+
+# Tree of "root task": root spawns A, B, C (k=3); A spawns A1, A2 (k=2). Weights 1, 1/3, 1/6, 1/6, 1/3, 1/3.
+RLM_SCRIPT = {
+    "root task": [
+        repl_code("answers = rlm_query_batched(['sub A', 'sub B', 'sub C'])\nprint(answers)"),
+        "FINAL({root})",
+    ],
+    "sub A": [repl_code("x = rlm_query_batched(['leaf A1', 'leaf A2'])\nprint(x)"), "FINAL(A done)"],
+    "leaf A1": [repl_code("print('a1')"), "FINAL(a1)"],
+    "leaf A2": [repl_code("print('a2')"), repl_code("print('a2 again')"), "FINAL(a2)"],
+    "sub B": [repl_code("print(1)"), "FINAL(B)"],
+    "sub C": [repl_code("print(2)"), repl_code("print(3)"), "FINAL(C)"],
+    # a one-node tree for a second prompt (fewer rows)
+    "small task": [repl_code("print(len(context))"), "FINAL({root})"],
+}
+RLM_SCRIPT_TURNS = {"root task": 2 + 2 + 2 + 3 + 2 + 3, "small task": 2}  # turns of every node of each tree
+_TASK_AND_TURN = re.compile(r"Task: (.*?)\n\nTurn (\d+) of", re.DOTALL)
+_VARIANT = re.compile(r"# variant (\d)")
+
+
+class VariantGenerator(ScriptedGenerator):
+    """Plays ``script`` (task -> the action of each turn; `RLM_SCRIPT` by default). Roots (the tasks in ``roots``)
+    alternate between two variants in the order their first turns reach the generator (the engine sends every root's
+    first turn in task order, in one call): variant 0 answers "yes", variant 1 "no" (an action's ``{root}``).
+    Deterministic whatever order the REPLs finish in, so group advantages are non-zero and reproducible (with
+    `yes_reward`)."""
+
+    def __init__(self, tokenizer, script: dict[str, list[str]] = RLM_SCRIPT, roots=("root task", "small task")):
+        super().__init__(self._respond, tokenizer)
+        self.script, self.roots, self.roots_seen = script, roots, 0
+
+    def _respond(self, prompt: str) -> str:
+        last_user = prompt.rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0]
+        task, turn = _TASK_AND_TURN.search(last_user).groups()
+        action = self.script[task][int(turn) - 1]
+        if int(turn) == 1 and task in self.roots:
+            variant, self.roots_seen = self.roots_seen % 2, self.roots_seen + 1
+            return action.replace("```repl\n", f"```repl\n# variant {variant}\n")
+        if "{root}" in action:
+            return action.format(root="yes" if _VARIANT.search(prompt).group(1) == "0" else "no")
+        return action
+
+
+def yes_reward(completions, **kwargs):
+    """1.0 for a completion that is exactly "yes" (stripped), else 0.0."""
+    return [1.0 if text.strip() == "yes" else 0.0 for text in completions]

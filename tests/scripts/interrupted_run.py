@@ -37,9 +37,8 @@ import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
-from tests.trainers.test_stepwise_rlm import VariantGenerator, yes_reward  # noqa: E402
 from tests.utils import cpu_config_kwargs, digit_reward, toy_dataset  # noqa: E402
-from trl_ext.testing import build_tiny_model_and_tokenizer  # noqa: E402
+from trl_ext.testing import VariantGenerator, build_tiny_model_and_tokenizer, yes_reward  # noqa: E402
 from trl_ext.trainers import ExtGRPOConfig, ExtGRPOTrainer, StepwiseRLMConfig, StepwiseRLMTrainer  # noqa: E402
 
 MAX_STEPS = 4

@@ -13,9 +13,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
-from tests.trainers.test_stepwise_rlm import scripted_generator, yes_reward  # noqa: E402
 from tests.utils import cpu_config_kwargs, end_distributed_script  # noqa: E402
-from trl_ext.testing import build_tiny_model_and_tokenizer  # noqa: E402
+from trl_ext.testing import VariantGenerator, build_tiny_model_and_tokenizer, yes_reward  # noqa: E402
 from trl_ext.trainers.stepwise_rlm import StepwiseRLMConfig, StepwiseRLMTrainer  # noqa: E402
 
 
@@ -54,7 +53,7 @@ def main(out_dir: str) -> None:
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        generator=scripted_generator(tokenizer),
+        generator=VariantGenerator(tokenizer),
     )
     trainer.train()
     rank = trainer.accelerator.process_index

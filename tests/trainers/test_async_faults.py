@@ -20,12 +20,12 @@ import psutil
 import pytest
 
 from trl_ext.rlm.sandbox.limits import DEFAULT_SANDBOX_UIDS
+from trl_ext.testing import VariantGenerator
 from trl_ext.trainers.async_faults import ServerWatch, watch_server
 
 from .test_async_rlm import DATASET, FlakyGenerator, make_trainer, model_dir  # noqa: F401  (model_dir: a fixture)
 from .test_ext_async_grpo import build_trainer, rollout_samples
 from .test_ext_async_grpo import model_dir as plain_model_dir  # noqa: F401  (a fixture)
-from .test_stepwise_rlm import VariantGenerator
 
 DEADLINE_S = 240.0  # far above any run here (seconds); only a hang reaches it
 

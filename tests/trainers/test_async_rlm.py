@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from trl.experimental.async_grpo.packing import TreeRow
 
 from trl_ext.rlm import RLMScaffoldConfig, ScriptedGenerator
-from trl_ext.testing import build_tiny_model_and_tokenizer
+from trl_ext.testing import RLM_SCRIPT_TURNS, VariantGenerator, build_tiny_model_and_tokenizer, yes_reward
 from trl_ext.trainers import ExtAsyncGRPOConfig
 from trl_ext.trainers.async_rlm import (
     AsyncStepwiseRLMConfig,
@@ -30,7 +30,7 @@ from trl_ext.trainers.async_seam import LossWeightCollator
 from trl_ext.trainers.stepwise_rlm_config import StepwiseRLMConfig
 
 from .test_ext_async_grpo import NoWeightSync
-from .test_stepwise_rlm import TURNS_PER_TREE, VariantGenerator, turn_logps, yes_reward
+from .test_stepwise_rlm import turn_logps
 
 DATASET = Dataset.from_dict({"prompt": ["root task"] * 4, "context": ["abcdefgh"] * 4})
 
@@ -109,7 +109,7 @@ def test_loss_of_whole_trees_equals_direct_subtree_objective(model_dir, tmp_path
     worker = trainer.rollout_worker
     samples = worker.rollout([DATASET[0]])  # one group: 4 trees of 6 nodes
     trees = worker.last_trees
-    assert len(trees) == 4 and len(samples) == 4 * TURNS_PER_TREE["root task"]
+    assert len(trees) == 4 and len(samples) == 4 * RLM_SCRIPT_TURNS["root task"]
     assert sorted(tree.final_answer for tree in trees) == ["no", "no", "yes", "yes"]
 
     # The sampler's log-probs are p_old; perturb the policy so that ratios move off 1 (and PPO clips some tokens).
@@ -178,7 +178,7 @@ def test_tree_samples_are_every_turn_with_its_weight(model_dir, tmp_path):
     tree = trainer.rollout_worker.last_trees[0]
     samples = tree_samples(tree, advantage=0.5, model_version=3, group_id=7, metrics={"reward": 1.0})
     turns = [(node, turn) for node in tree.nodes for turn in node.turns]
-    assert len(samples) == len(turns) == TURNS_PER_TREE["root task"]
+    assert len(samples) == len(turns) == RLM_SCRIPT_TURNS["root task"]
     weights = tree.weights()
     for sample, (node, turn) in zip(samples, turns, strict=True):
         assert sample.input_ids.tolist() == turn.prompt_ids + turn.action_ids
@@ -208,7 +208,7 @@ def test_reward_weights_weigh_each_function_in_the_sum(model_dir, tmp_path):
     assert sorted(answers) == ["no", "no", "yes", "yes"]
     # "yes": 2·1 − 0.5·3 = 0.5; "no": 2·0, its None from length_of_yes skipped = 0.0
     expected = [0.5 if answer == "yes" else 0.0 for answer in answers]
-    firsts = samples[:: TURNS_PER_TREE["root task"]]  # each tree's first sample: the samples run tree by tree
+    firsts = samples[:: RLM_SCRIPT_TURNS["root task"]]  # each tree's first sample: the samples run tree by tree
     assert [sample.metrics["reward"] for sample in firsts] == pytest.approx(expected)
     assert [sample.advantage for sample in firsts] == pytest.approx(group_advantages(expected))
     # the per-function metrics stay unweighted (NaN where a function gave no reward), as TRL logs them

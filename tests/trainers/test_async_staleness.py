@@ -18,7 +18,7 @@ from peft import LoraConfig
 from trl.experimental.async_grpo.packing import TreeRow
 
 from trl_ext.rlm.generators import SamplingSettings
-from trl_ext.testing import build_tiny_model_and_tokenizer
+from trl_ext.testing import build_tiny_model_and_tokenizer, yes_reward
 from trl_ext.trainers import LocalPolicy
 from trl_ext.trainers.async_faults import ServerWatch
 from trl_ext.trainers.async_rlm import AsyncStepwiseRLMConfig, AsyncStepwiseRLMTrainer
@@ -28,7 +28,6 @@ from trl_ext.trainers.async_worker import StalenessGate, ThreadedRolloutWorker, 
 from trl_ext.trainers.ext_async_grpo import version_lags
 
 from .test_async_rlm import DATASET, make_trainer, model_dir  # noqa: F401  (model_dir: a fixture)
-from .test_stepwise_rlm import yes_reward
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -2,72 +2,18 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 from datasets import Dataset
 
-from trl_ext.rlm import ScriptedGenerator
-from trl_ext.testing import build_tiny_model_and_tokenizer
+from trl_ext.testing import RLM_SCRIPT_TURNS, VariantGenerator, build_tiny_model_and_tokenizer, yes_reward
 from trl_ext.trainers.stepwise_rlm import StepwiseRLMConfig, StepwiseRLMTrainer
 
 from ..utils import cpu_config_kwargs, run_processes
 
-_TASK_AND_TURN = re.compile(r"Task: (.*?)\n\nTurn (\d+) of", re.DOTALL)
-
-
-def code(source: str) -> str:
-    return f"```repl\n{source}\n```"
-
-
-# Tree of "root task": root spawns A, B, C (k=3); A spawns A1, A2 (k=2). Weights 1, 1/3, 1/6, 1/6, 1/3, 1/3.
-SCRIPT = {
-    "root task": [code("answers = rlm_query_batched(['sub A', 'sub B', 'sub C'])\nprint(answers)"), "FINAL({root})"],
-    "sub A": [code("x = rlm_query_batched(['leaf A1', 'leaf A2'])\nprint(x)"), "FINAL(A done)"],
-    "leaf A1": [code("print('a1')"), "FINAL(a1)"],
-    "leaf A2": [code("print('a2')"), code("print('a2 again')"), "FINAL(a2)"],
-    "sub B": [code("print(1)"), "FINAL(B)"],
-    "sub C": [code("print(2)"), code("print(3)"), "FINAL(C)"],
-    # a one-node tree for a second prompt (fewer rows)
-    "small task": [code("print(len(context))"), "FINAL({root})"],
-}
-TURNS_PER_TREE = {"root task": 2 + 2 + 2 + 3 + 2 + 3, "small task": 2}
-_VARIANT = re.compile(r"# variant (\d)")
-
-
-class VariantGenerator(ScriptedGenerator):
-    """Plays ``script`` (task -> the action of each turn; SCRIPT by default). Roots (the tasks in ``roots``) alternate
-    between two variants in the order their first turns reach the generator (the engine sends every root's first
-    turn in task order, in one call): variant 0 answers "yes", variant 1 "no" (an action's ``{root}``).
-    Deterministic whatever order the REPLs finish in, so group advantages are non-zero and reproducible."""
-
-    def __init__(self, tokenizer, script: dict[str, list[str]] = SCRIPT, roots=("root task", "small task")):
-        super().__init__(self._respond, tokenizer)
-        self.script, self.roots, self.roots_seen = script, roots, 0
-
-    def _respond(self, prompt: str) -> str:
-        last_user = prompt.rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0]
-        task, turn = _TASK_AND_TURN.search(last_user).groups()
-        action = self.script[task][int(turn) - 1]
-        if int(turn) == 1 and task in self.roots:
-            variant, self.roots_seen = self.roots_seen % 2, self.roots_seen + 1
-            return action.replace("```repl\n", f"```repl\n# variant {variant}\n")
-        if "{root}" in action:
-            return action.format(root="yes" if _VARIANT.search(prompt).group(1) == "0" else "no")
-        return action
-
-
-def scripted_generator(tokenizer) -> ScriptedGenerator:
-    return VariantGenerator(tokenizer)
-
-
-def yes_reward(completions, **kwargs):
-    return [1.0 if text.strip() == "yes" else 0.0 for text in completions]
-
 
 def make_trainer(tmp_path, prompts=("root task",), model_config=None, **overrides):
-    """A trainer of the tiny model on SCRIPT's trees; ``model_config``: Qwen2Config fields, ``overrides``: config."""
+    """A trainer of the tiny model on RLM_SCRIPT's trees; ``model_config``: Qwen2Config fields, ``overrides``: config."""
     model, tokenizer = build_tiny_model_and_tokenizer(0, initializer_range=0.2, **(model_config or {}))
     settings = dict(max_depth=2, max_turns=4, loss_type="dapo", beta=0.0, max_steps=1, save_rollout_trees=True)
     settings.update(overrides)
@@ -79,7 +25,7 @@ def make_trainer(tmp_path, prompts=("root task",), model_config=None, **override
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        generator=scripted_generator(tokenizer),
+        generator=VariantGenerator(tokenizer),
     )
 
 
@@ -137,7 +83,7 @@ def test_trees_are_the_scripted_depth_two_trees(subtree_run):
         assert [node.task for node in tree.nodes] == ["root task", "sub A", "leaf A1", "leaf A2", "sub B", "sub C"]
         assert tree.weights() == pytest.approx([1, 1 / 3, 1 / 6, 1 / 6, 1 / 3, 1 / 3])
     assert sorted(tree.final_answer for tree in trainer.last_rollout_trees) == ["no", "no", "yes", "yes"]
-    assert batch["rewards"].tolist().count(1.0) == 4 * TURNS_PER_TREE["root task"] // 2
+    assert batch["rewards"].tolist().count(1.0) == 4 * RLM_SCRIPT_TURNS["root task"] // 2
 
 
 def test_loss_and_gradient_equal_direct_subtree_objective(subtree_run):
@@ -219,7 +165,7 @@ def test_ipo_kl_tau_term_carries_the_node_weight(tmp_path):
 def test_rows_are_every_turn_of_every_node_with_exact_prompts(subtree_run):
     trainer, batch = subtree_run
     real = ~batch["is_padding_row"]
-    assert int(real.sum()) == 4 * TURNS_PER_TREE["root task"]
+    assert int(real.sum()) == 4 * RLM_SCRIPT_TURNS["root task"]
     tokenizer = trainer.processing_class
     samples = [s for tree in trainer.last_rollout_trees for s in tree.turn_samples()]
     for row, sample in enumerate(samples):
@@ -300,7 +246,7 @@ def test_no_row_dropped_for_any_steps_per_generation(tmp_path, steps_per_generat
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        generator=scripted_generator(tokenizer),
+        generator=VariantGenerator(tokenizer),
     )
     trainer.seen = []
     trainer.train()
