@@ -167,7 +167,7 @@ def test_pack_rows_rejects_rows_it_cannot_score():
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "flex_attention"])
 def test_packed_forward_equals_rows_for_the_model_families_trl_users_train(family, attention):
     """Through transformers' attention interface: the tree mask and position ids reach every layer."""
     import transformers
