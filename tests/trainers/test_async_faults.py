@@ -232,6 +232,55 @@ def test_server_watch_raises_once_the_server_is_gone_for_its_limit():
     assert worker_checks == [300.0] * 4  # the worker's own check ran first every time
 
 
+class ShuttingDown(http.server.BaseHTTPRequestHandler):
+    """What `vllm serve` answered to the weight sync's /pause while it shut down (seen in CI)."""
+
+    def do_POST(self):  # noqa: N802  (http.server's name)
+        body = b'{"error":"Failed to pause generation: cannot schedule new futures after shutdown"}'
+        self.send_response(500)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def weight_sync_probe(url: str):
+    """The seam's `_sync_weight` over TRL's own, with TRL's real HTTP client to ``url`` as the weight transfer and
+    just the trainer state TRL's merged sync reads before its first request."""
+    from types import SimpleNamespace
+
+    import torch
+    from accelerate import Accelerator
+    from trl.experimental.async_grpo.vllm_client import VLLMClient
+
+    from trl_ext.trainers.async_seam.trainer import AsyncSeam
+
+    probe = object.__new__(type("Probe", (AsyncSeam,), {}))
+    probe.args = SimpleNamespace(vllm_server_base_url=url)
+    probe.accelerator, probe.model, probe._lora_sync = Accelerator(cpu=True), torch.nn.Linear(1, 1), False
+    probe.weight_transfer = VLLMClient(url)  # has pause(): TRL's "Request failed: <status>, <body>" on an error
+    return probe
+
+
+def test_a_weight_sync_refused_by_a_stopping_server_names_the_server_and_the_fix():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ShuttingDown)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(RuntimeError, match=rf"weight sync to the vLLM server at {url} failed") as caught:
+            weight_sync_probe(url)._sync_weight()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "Request failed: 500" in str(caught.value) and "resume_from_checkpoint=True" in str(caught.value)
+    assert "cannot schedule new futures" in str(caught.value.__cause__)  # TRL's error kept as the cause
+    # a server that is gone: a ConnectionError naming it
+    with pytest.raises(ConnectionError, match=rf"could not reach the vLLM server at {url} .*Restart `vllm serve`"):
+        weight_sync_probe(url)._sync_weight()
+
+
 def test_server_watch_lets_the_workers_own_error_through():
     def failed_worker(stale_after_s: float) -> None:
         raise RuntimeError("Rollout worker child has failed")

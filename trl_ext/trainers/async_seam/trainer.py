@@ -86,11 +86,19 @@ class AsyncSeam(AsyncGRPOTrainer):
     def _sync_weight(self):
         try:
             return super()._sync_weight()
-        except requests.ConnectionError as error:  # TRL's message names neither the server nor the fix
-            url = getattr(self.args, "vllm_server_base_url", "?")
-            raise ConnectionError(
-                f"The weight sync could not reach the vLLM server at {url} ({type(error).__name__}: {error}). "
-                "Restart `vllm serve`, then resume from the last checkpoint (resume_from_checkpoint=True)."
+        except Exception as error:  # TRL's messages (e.g. "Request failed: 500, ...") name neither server nor fix
+            url = getattr(self.args, "vllm_server_base_url", None)
+            if not url or not getattr(self.weight_transfer, "uses_server", True):
+                raise
+            fix = "restart `vllm serve`, then resume from the last checkpoint (resume_from_checkpoint=True)."
+            if isinstance(error, requests.ConnectionError):
+                raise ConnectionError(
+                    f"The weight sync could not reach the vLLM server at {url} ({type(error).__name__}: {error}). "
+                    f"{fix[0].upper()}{fix[1:]}"
+                ) from error
+            raise RuntimeError(
+                f"The weight sync to the vLLM server at {url} failed ({type(error).__name__}: {error}). If the "
+                f"server stopped or restarted, {fix}"
             ) from error
 
     # ---------------------------------------------------------------------------------------------- resuming
