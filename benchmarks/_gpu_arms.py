@@ -157,12 +157,12 @@ def every_segment_judge(request: dict) -> str:
     marked = ScriptedSpanJudge.blocks(request).get("TRACE", "")
     user = "\n".join(str(m.get("content") or "") for m in request["messages"] if m.get("role") == "user")
     total = int(re.search(r"The trace has (\d+) tokens", user).group(1))
-    parts = ScriptedSpanJudge._MARK.split(marked)  # text, index, text, index, text...
-    starts, bodies = [int(i) for i in parts[1::2]], parts[2::2]
+    segments = ScriptedSpanJudge.marked_segments(marked)
+    ends = [start for start, _ in segments[1:]] + [total]
     labels = ["key_progress", "original_error", "dependent_error"]
     spans = [
         {"start": start, "end": end, "label": labels[i % 3], "confidence": 1.0, "quote": body.strip()}
-        for i, (start, end, body) in enumerate(zip(starts, [*starts[1:], total], bodies))
+        for i, ((start, body), end) in enumerate(zip(segments, ends))
         if body.strip()
     ]
     return json.dumps({"spans": spans})
@@ -202,10 +202,10 @@ def build_model(sizes: Sizes, attention: str, device: str, dtype: torch.dtype, s
     return model
 
 
-def make_trainer(arm: Arm, sizes: Sizes, model, tokenizer, output_dir: str, device: str, judge_url: str, **extra):
-    """The arm's trainer of ``model``; ``extra``: ``mixins`` (classes put before the trainer class) and
-    ``callbacks``."""
-    mixins, callbacks = extra.get("mixins", ()), extra.get("callbacks", [])
+def make_trainer(
+    arm: Arm, sizes: Sizes, model, tokenizer, output_dir: str, device: str, judge_url: str, *, mixins=(), callbacks=()
+):
+    """The arm's trainer of ``model``: its trainer class with ``mixins`` put before it, and ``callbacks``."""
     from datasets import Dataset
     from peft import LoraConfig
     from stepwise import FlatRows
@@ -242,9 +242,11 @@ def make_trainer(arm: Arm, sizes: Sizes, model, tokenizer, output_dir: str, devi
             max_completion_length=sizes.completion_tokens,
         )
         dataset = Dataset.from_dict({"prompt": [f"prompt {i}" for i in range(steps)]})
-        classes = {"trl": (GRPOTrainer, GRPOConfig), "ext": (ExtGRPOTrainer, ExtGRPOConfig)}
-        classes["judge"] = (JudgeCreditTrainer, JudgeCreditConfig)
-        trainer_cls, config_cls = classes[arm.trainer]
+        trainer_cls, config_cls = {
+            "trl": (GRPOTrainer, GRPOConfig),
+            "ext": (ExtGRPOTrainer, ExtGRPOConfig),
+            "judge": (JudgeCreditTrainer, JudgeCreditConfig),
+        }[arm.trainer]
         if arm.trainer == "judge":
             grpo.update(
                 judge_base_url=judge_url,
@@ -264,7 +266,7 @@ def make_trainer(arm: Arm, sizes: Sizes, model, tokenizer, output_dir: str, devi
             processing_class=tokenizer,
             rollout_func=scripted_rollout(sizes, len(tokenizer)),
             peft_config=peft,
-            callbacks=callbacks,
+            callbacks=list(callbacks),
         )
     from trl_ext.testing import yes_reward
 
@@ -291,5 +293,5 @@ def make_trainer(arm: Arm, sizes: Sizes, model, tokenizer, output_dir: str, devi
         processing_class=tokenizer,
         generator=padded_generator(tokenizer, sizes.action_pad_words),
         peft_config=peft,
-        callbacks=callbacks,
+        callbacks=list(callbacks),
     )

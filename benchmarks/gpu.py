@@ -127,8 +127,9 @@ def body_parameters(model) -> int:
     return sum(p.numel() for name, p in decoder.named_parameters() if "embed_tokens" not in name)
 
 
-def run_arm(arm: Arm, sizes: Sizes, device: str, judge_url: str, peak_tflops: float | None) -> dict:
-    """Train one arm; its measurements (medians over the timed steps) or the reason it did not run."""
+def run_arm(arm: Arm, sizes: Sizes, device: str, judge_url: str, body: int, peak_tflops: float | None) -> dict:
+    """Train one arm; its measurements (medians over the timed steps) or the reason it did not run. ``body``: the
+    model's body parameters (`body_parameters`), the N of the MFU."""
     from trl_ext.testing import build_tiny_tokenizer
 
     if arm.attention == "flex_attention" and device == "cpu":
@@ -139,7 +140,6 @@ def run_arm(arm: Arm, sizes: Sizes, device: str, judge_url: str, peak_tflops: fl
         torch.cuda.reset_peak_memory_stats()
     start_memory = torch.cuda.memory_allocated() if cuda else 0  # what earlier arms left behind (should be ~0)
     model = build_model(sizes, arm.attention, device, torch.bfloat16 if cuda else torch.float32)
-    body = body_parameters(model)
     counter = TokenCounter(model.get_decoder())
     timer = Snapshots(counter, synchronize)
     with tempfile.TemporaryDirectory() as output_dir:
@@ -235,7 +235,8 @@ def render(report: dict) -> str:
             f"{sizes['prompt_tokens']:,} tokens a step, G = {sizes['group']} scripted completions of "
             f"{sizes['completion_tokens']} tokens. Stepwise arms: {4 * sizes['roots_per_micro_batch']} scripted RLM "
             "trees a step in 4 micro-batches (4 rollouts a prompt; the prompts alternate a 6-node tree of 14 turns "
-            f"and a 1-node tree of 2), code actions lengthened by {sizes['action_pad_words']} words. Training time = the step minus generation and scoring, synchronised with the GPU; "
+            f"and a 1-node tree of 2), code actions lengthened by {sizes['action_pad_words']} words. Training "
+            "time = the step minus generation and scoring, synchronised with the GPU; "
             f"{sizes['warmup_steps']} warm-up steps, medians over {sizes['timed_steps']} timed steps. Forward "
             "tokens: non-padding tokens of the forwards with gradients (packed: the shared prefix once); "
             "trained tokens: the tokens the loss trains on. MFU counts 6N FLOPs per forward token (4N with LoRA), N = "
@@ -254,7 +255,7 @@ def render(report: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes (any device, seconds); never writes RESULTS")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes (any device); never writes RESULTS.md")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument("--only", default=None, help="comma-separated arm names (default: all)")
     parser.add_argument("--budget-s", type=float, default=None, help="start no arm after this many seconds")
@@ -263,9 +264,9 @@ def main() -> None:
     parser.add_argument("--render", default=None, help="print and write RESULTS.md's section of a saved JSON")
     args = parser.parse_args()
     if args.render:
-        report = json.loads(Path(args.render).read_text())
-        print(render(report))
-        write_section("gpu", render(report))
+        section = render(json.loads(Path(args.render).read_text()))
+        print(section)
+        write_section("gpu", section)
         return
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if not args.smoke and not device.startswith("cuda"):
@@ -278,10 +279,10 @@ def main() -> None:
         if unknown:
             sys.exit(f"--only: unknown arm(s) {unknown}; the arms are {[arm.name for arm in ARMS]}.")
         arms = [arm for arm in ARMS if arm.name in wanted]
-    report = run(arms, sizes, device, args)
-    print(render(report))
+    section = render(run(arms, sizes, device, args))
+    print(section)
     if not args.smoke:
-        write_section("gpu", render(report))
+        write_section("gpu", section)
 
 
 def run(arms: list[Arm], sizes: Sizes, device: str, args: argparse.Namespace) -> dict:
@@ -325,7 +326,7 @@ def run(arms: list[Arm], sizes: Sizes, device: str, args: argparse.Namespace) ->
             else:
                 print(f"[{elapsed:5.0f} s] {arm.name}", file=sys.stderr, flush=True)
                 try:
-                    result = run_arm(arm, sizes, device, judge.base_url, peak)
+                    result = run_arm(arm, sizes, device, judge.base_url, body, peak)
                 except Exception as error:  # one arm's failure is a row of the table; the others still run
                     traceback.print_exc()
                     result = {"status": "failed", "reason": f"{type(error).__name__}: {str(error)[:200]}"}

@@ -8,6 +8,7 @@ ratio. FlexAttention has no backward on the CPU: its arms must say so instead of
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -125,7 +126,7 @@ def test_the_scripted_judge_quotes_each_marked_segment():
             }
         ]
     }
-    spans = gpu.json.loads(gpu.every_segment_judge(request))["spans"]
+    spans = json.loads(gpu.every_segment_judge(request))["spans"]
     assert spans == [
         {"start": 0, "end": 2, "label": "key_progress", "confidence": 1.0, "quote": "alpha"},
         {"start": 2, "end": 5, "label": "original_error", "confidence": 1.0, "quote": "beta"},

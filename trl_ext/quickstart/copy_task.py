@@ -139,10 +139,15 @@ class ScriptedSpanJudge:
         text = "\n".join(str(m.get("content") or "") for m in request.get("messages", []) if m.get("role") == "user")
         return {name: body for _, name, body in cls._BLOCK.findall(text)}
 
+    @classmethod
+    def marked_segments(cls, marked: str) -> list[tuple[int, str]]:
+        """``(marker index, text up to the next marker)`` for each marker of a marked trace, in order."""
+        parts = cls._MARK.split(marked)  # text, index, text, index, text...
+        return [(int(parts[i]), parts[i + 1]) for i in range(1, len(parts), 2)]
+
     def spans(self, marked: str, reference: str) -> list[dict[str, Any]]:
         """The spans for a marked trace against the reference answer."""
-        parts = self._MARK.split(marked)
-        segments = [(int(parts[i]), parts[i + 1]) for i in range(1, len(parts), 2)]
+        segments = self.marked_segments(marked)
         reference = reference.strip()
         spans: list[dict[str, Any]] = []
         position, erred = 0, False

@@ -90,15 +90,15 @@ class AsyncSeam(AsyncGRPOTrainer):
             url = getattr(self.args, "vllm_server_base_url", None)
             if not url or not getattr(self.weight_transfer, "uses_server", True):
                 raise
-            fix = "restart `vllm serve`, then resume from the last checkpoint (resume_from_checkpoint=True)."
+            cause = f"({type(error).__name__}: {error})"
+            fix = "Restart `vllm serve`, then resume from the last checkpoint (resume_from_checkpoint=True)."
             if isinstance(error, requests.ConnectionError):
                 raise ConnectionError(
-                    f"The weight sync could not reach the vLLM server at {url} ({type(error).__name__}: {error}). "
-                    f"{fix[0].upper()}{fix[1:]}"
+                    f"The weight sync could not reach the vLLM server at {url} {cause}. {fix}"
                 ) from error
             raise RuntimeError(
-                f"The weight sync to the vLLM server at {url} failed ({type(error).__name__}: {error}). If the "
-                f"server stopped or restarted, {fix}"
+                f"The weight sync to the vLLM server at {url} failed {cause}. If the server stopped or restarted: "
+                f"{fix}"
             ) from error
 
     # ---------------------------------------------------------------------------------------------- resuming
