@@ -260,6 +260,42 @@ def test_micro_batches_keep_each_prompts_completions_together(tmp_path):
     assert len(seen) == 2 and all(len(set(groups)) == 1 for groups in seen)
 
 
+def _interleaved_micro_batches(batch: dict) -> list[dict]:
+    """The batch's rows in 2 micro-batches, alternately: each holds rows of every prefix group."""
+    rows = len(batch["prompt_ids"])
+    micro = []
+    for start in (0, 1):
+        index = torch.arange(start, rows, 2)
+        micro.append(
+            {
+                key: value[index]
+                if isinstance(value, torch.Tensor) and value.dim() > 0
+                else [value[i] for i in index.tolist()]
+                if isinstance(value, list)
+                else value
+                for key, value in batch.items()
+            }
+        )
+    return micro
+
+
+def test_auto_regroups_micro_batches_only_where_a_training_pass_packs(dapo_run, stepwise_run):
+    """``"auto"`` keeps TRL's split where no training pass would be packed, so losses and gradients add up in TRL's
+    order (tests/trainers/test_drop_in.py: bit for bit TRL's run), and puts each prefix group in one micro-batch
+    where a pass packs; ``"on"`` always groups."""
+    for (trainer, batch), auto_packs in ((dapo_run, False), (stepwise_run, True)):
+        micro = _interleaved_micro_batches(batch)
+        assert all(len(set(b["prefix_group"].tolist())) > 1 for b in micro)
+        trainer.args.prefix_sharing = "auto"
+        arranged = trainer.arrange_micro_batches(micro)
+        assert (arranged is not micro) == auto_packs
+        trainer.args.prefix_sharing = "on"
+        grouped = trainer.arrange_micro_batches(micro)
+        for split in (grouped, arranged) if auto_packs else (grouped,):
+            groups = [set(b["prefix_group"].tolist()) for b in split]
+            assert not groups[0] & groups[1]  # no prefix group split across micro-batches
+
+
 def test_micro_batches_with_images_keep_trl_split(dapo_run):
     trainer, _ = dapo_run
     micro = [{"prefix_group": torch.tensor([i, 1 - i]), "pixel_values": torch.zeros(3, 4)} for i in range(2)]

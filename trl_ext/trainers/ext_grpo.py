@@ -283,11 +283,26 @@ class ExtGRPOTrainer(TRLSeam):
         return logps, entropies, None
 
     def arrange_micro_batches(self, micro_batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if self._packing_mode() == "off" or any(micro_batches[0].get(key) is not None for key in FORWARD_KEYS):
-            return micro_batches  # image tensors are not indexed by row: keep TRL's split (and rows: no packing)
+        """Each prefix group in one micro-batch, so that its rows can share their prefix, but only where a training
+        pass is then packed: otherwise TRL's split is kept, and losses and gradients add up in TRL's order (with
+        TRL's settings, bit for bit `GRPOTrainer`'s run)."""
+        if self._packing_mode() == "off" or self._packing_verified is False:
+            return micro_batches
+        forward_kwargs = {key: micro_batches[0].get(key) for key in FORWARD_KEYS}
+        if self._packing_obstacle(self.model, self.aux_loss_enabled, forward_kwargs) is not None:
+            return micro_batches  # e.g. image tensors, which are not indexed by row: TRL's rows, TRL's split
         seed = random.Random(self.batch_random_key("micro-batches")).getrandbits(63)
         generator = torch.Generator().manual_seed(seed)
-        return group_micro_batches(micro_batches, generator=generator)  # a prefix group in one micro-batch
+        arranged = group_micro_batches(micro_batches, generator=generator)
+        return arranged if any(self._packs_training_pass(batch) for batch in arranged) else micro_batches
+
+    def _packs_training_pass(self, batch: dict[str, Any]) -> bool:
+        """Whether the training forward of micro-batch ``batch`` is worth packing (`_plan_packing`'s layout test)."""
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        logits_to_keep = batch["completion_ids"].size(1)
+        rows = rows_from_padded(input_ids, attention_mask, logits_to_keep)
+        return rows is not None and self._worth_packing(rows, input_ids.numel(), logits_to_keep) is not None
 
     def _packing_mode(self) -> str:
         return getattr(self.args, "prefix_sharing", "off")  # a plain GRPOConfig: TRL's rows
@@ -304,22 +319,16 @@ class ExtGRPOTrainer(TRLSeam):
 
     def _plan_packing(self, model, input_ids, attention_mask, logits_to_keep, compute_aux_loss, forward_kwargs):
         """The packed layout of this log-prob pass, or None for TRL's rows (why: logged once)."""
-        mode = self._packing_mode()
-        if mode == "off" or self._packing_verified is False:
+        if self._packing_mode() == "off" or self._packing_verified is False:
             return None
-        obstacle = packing_obstacle(
-            multimodal=any(value is not None for value in forward_kwargs.values()),
-            router_loss=compute_aux_loss,
-            sharded=self.is_fsdp_enabled or self.is_deepspeed_enabled,
-            attention=_attention_implementation(model),
-        )
+        obstacle = self._packing_obstacle(model, compute_aux_loss, forward_kwargs)
         if obstacle is not None:
             return self._skip_packing(obstacle)
         rows = rows_from_padded(input_ids, attention_mask, logits_to_keep)
         if rows is None:
             return self._skip_packing("the rows are not padded as TRL pads them (left prompts, right completions)")
-        packing = pack_rows(*rows, completion_length=logits_to_keep, max_packed_tokens=self.args.max_packed_tokens)
-        if not worth_packing(mode, input_ids.numel(), packing.packed_tokens):
+        packing = self._worth_packing(rows, input_ids.numel(), logits_to_keep)
+        if packing is None:
             return None
         if self._packing_verified is None and not self._verify_packing(
             model, input_ids, attention_mask, logits_to_keep, packing
@@ -327,6 +336,19 @@ class ExtGRPOTrainer(TRLSeam):
             return None
         self.log_metric("packing/token_ratio", packing.packed_tokens / input_ids.numel())
         return packing
+
+    def _packing_obstacle(self, model, compute_aux_loss: bool, forward_kwargs: dict[str, Any]) -> str | None:
+        return packing_obstacle(
+            multimodal=any(value is not None for value in forward_kwargs.values()),
+            router_loss=compute_aux_loss,
+            sharded=self.is_fsdp_enabled or self.is_deepspeed_enabled,
+            attention=_attention_implementation(model),
+        )
+
+    def _worth_packing(self, rows, padded_tokens: int, logits_to_keep: int) -> Packing | None:
+        """The packed layout of `rows_from_padded`'s ``rows``, or None where `prefix_sharing` does not pack it."""
+        packing = pack_rows(*rows, completion_length=logits_to_keep, max_packed_tokens=self.args.max_packed_tokens)
+        return packing if worth_packing(self._packing_mode(), padded_tokens, packing.packed_tokens) else None
 
     @torch.no_grad()
     def _verify_packing(self, model, input_ids, attention_mask, logits_to_keep, packing: Packing) -> bool:
