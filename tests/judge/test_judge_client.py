@@ -81,15 +81,19 @@ def test_server_answers_500_when_the_script_raises_and_rejects_non_loopback_host
 
 def test_server_stop_releases_hanging_requests_quickly():
     server = ScriptedChatServer(lambda request: HangReply(60)).start()
-    client = make_client(server, timeout=30, max_retries=0)
+    timeout = 30.0
+    client = make_client(server, timeout=timeout, max_retries=0)
     loop = BackgroundEventLoop()
     future = loop.submit(client.chat(USER))
-    time.sleep(0.3)
+    deadline = time.monotonic() + 60  # a hang guard
+    while not server.requests:  # the request hangs in the server
+        assert time.monotonic() < deadline and not future.done(), "the request did not reach the server"
+        time.sleep(0.01)
     started = time.perf_counter()
     server.stop()
     with pytest.raises(ChatCallError):
-        future.result(timeout=10)
-    assert time.perf_counter() - started < 5
+        future.result(timeout=timeout)
+    assert time.perf_counter() - started < timeout / 4  # released by the stop, not by the client's timeout
     loop.close()
 
 
@@ -201,7 +205,10 @@ def test_a_slot_is_not_held_during_the_backoff():
 
         async def both():
             slow = asyncio.ensure_future(client.chat([{"role": "user", "content": "slow"}]))
-            await asyncio.sleep(0.2)  # the slow call has had its 429 and is backing off
+            deadline = time.monotonic() + 60  # a hang guard
+            while client.stats.rate_limited == 0:  # the slow call has had its 429 and is backing off
+                assert time.monotonic() < deadline, "the slow call had no 429"
+                await asyncio.sleep(0.01)
             started = time.perf_counter()
             fast = await client.chat([{"role": "user", "content": "fast"}])
             return time.perf_counter() - started, fast, await slow

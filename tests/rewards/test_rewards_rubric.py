@@ -213,21 +213,26 @@ def test_endpoint_without_structured_output_is_still_parsed():
 
 
 def test_concurrency_is_bounded():
-    in_flight, peak, lock = [0], [0], threading.Lock()
+    in_flight, peak, lock, overlapped = [0], [0], threading.Lock(), threading.Event()
 
     def script(request):
         with lock:
             in_flight[0] += 1
             peak[0] = max(peak[0], in_flight[0])
+            if in_flight[0] == 2:
+                overlapped.set()
+        overlapped.wait(60)  # the first request waits for the second (60 s: a hang guard, were they sent in turn)
+        overlapped.set()
         import time
 
-        time.sleep(0.1)
+        time.sleep(0.1)  # a third request would arrive meanwhile, were the bound not kept
         with lock:
             in_flight[0] -= 1
         return scores_json(5, 5)
 
     with ScriptedChatServer(script) as server:
-        reward = RubricJudgeReward(base_url=server.base_url, model="judge", max_concurrency=2, **FAST)
+        settings = {**FAST, "timeout": 120.0}  # over the hang guard: no attempt times out while it waits
+        reward = RubricJudgeReward(base_url=server.base_url, model="judge", max_concurrency=2, **settings)
         rewards = call(reward, ["q"] * 6, ["p"] * 6, answer=["t"] * 6)
     assert rewards == [0.5] * 6
     assert peak[0] == 2

@@ -272,8 +272,9 @@ def test_3_orphaned_zombies_do_not_starve_the_next_repl_on_the_uid(isolation):
     with PythonREPL(isolation=isolation, max_processes=4, sandbox_uids=ONE_UID) as repl:
         for _ in range(3):
             run(repl, orphans)
-        time.sleep(0.1)
-        zombies = [pid for pid in _zombies_of_uid(repl.uid)]
+        deadline = time.monotonic() + 60  # a hang guard: their reaper waits for them as they exit
+        while (zombies := _zombies_of_uid(repl.uid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert zombies == []
     with PythonREPL(isolation=isolation, max_processes=4, sandbox_uids=ONE_UID) as repl:
         threads = "import threading\nt = [threading.Thread(target=lambda: None) for _ in range(3)]\n[x.start() for x in t]\nprint('ok')"
@@ -302,7 +303,8 @@ for repl in repls:
 from trl_ext.rlm.sandbox import local
 print(json.dumps([[repl.uid, repl._resources.root_dir, repl.pid] for repl in repls]), flush=True)
 print(local._zygote.popen.pid if local._zygote is not None else -1, flush=True)
-repls[0].execute("import time\\ntime.sleep(300)")  # killed with SIGKILL in the middle of this cell
+# Killed with SIGKILL in the middle of this cell, once its escaped sleeper runs (the test waits for that).
+repls[0].execute("import subprocess, time\\nsubprocess.Popen(['sleep', '300'], start_new_session=True)\\ntime.sleep(300)")
 """
 
 
@@ -315,13 +317,16 @@ def test_3_a_trainer_killed_with_sigkill_leaves_nothing_behind(isolation):
     try:
         repls = json.loads(trainer.stdout.readline())
         zygote = int(trainer.stdout.readline())
-        time.sleep(0.3)  # the first REPL is inside its sleeping cell
+        deadline = time.monotonic() + 120  # a hang guard
+        while len(processes_of_uid(repls[0][0])) < 2:  # the first REPL is inside its last cell: its sleeper runs
+            assert trainer.poll() is None and time.monotonic() < deadline, "the first REPL's last cell did not start"
+            time.sleep(0.05)
         for uid, _root, _pid in repls:
-            assert processes_of_uid(uid)  # the REPL and its escaped sleeper run
+            assert processes_of_uid(uid)  # the REPLs run (strays are killed between cells)
     finally:
         trainer.kill()
         trainer.wait()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a hang guard: what the trainer left goes within a second
     while time.monotonic() < deadline:
         left = [(uid, processes_of_uid(uid), os.path.exists(root)) for uid, root, _ in repls]
         supervisors = [pid for _, _, pid in repls if process_alive(pid)]
@@ -337,19 +342,28 @@ def test_3_a_trainer_killed_with_sigkill_leaves_nothing_behind(isolation):
 
 # ------------------------------------------------------------------------------------ 4. limits per REPL
 _CHILDREN_HOLD_MEMORY = """
-import os, time
+import os
 read, write = os.pipe()
-children = []
+release_read, release_write = os.pipe()
+children, holding = [], []
 for _ in range(4):
+    holding_read, holding_write = os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.close(release_write)
         block = bytearray(200 * 2**20)
         for i in range(0, len(block), 4096):
             block[i] = 1
-        time.sleep(2)  # still holding it when the others hold theirs (the kernel kills some on the way)
+        os.write(holding_write, b"x")
+        os.read(release_read, 1)  # still holding it when the others hold theirs (the kernel kills some on the way)
         os.write(write, b"x")
         os._exit(0)
+    os.close(holding_write)
     children.append(pid)
+    holding.append(holding_read)
+for fd in holding:
+    os.read(fd, 1)  # the child holds its block, or was killed first (end of file)
+os.close(release_write)
 os.close(write)
 held = 0
 while True:

@@ -17,11 +17,8 @@ from accelerate import PartialState
 
 from trl_ext.trainers.async_seam.faults import stop_rollout_child
 
+from ..spawn_targets import wait_for, wait_until_waiting
 from ..utils import process_alive
-
-
-def wait_for(event) -> None:
-    event.wait()
 
 
 @pytest.fixture(autouse=True)
@@ -34,14 +31,14 @@ def test_a_child_that_never_acknowledges_the_stop_is_killed_and_the_stop_returns
     event = context.Event()
     child = context.Process(target=wait_for, args=(event,), daemon=True)
     child.start()
-    deadline = time.monotonic() + 30
-    while event._cond._sleeping_count.get_value() == 0 and time.monotonic() < deadline:  # registered as a sleeper
-        time.sleep(0.05)
+    wait_until_waiting(event, child)
     os.kill(child.pid, signal.SIGSTOP)  # alive, waiting on the event, and never waking to acknowledge it
     worker = SimpleNamespace(_process=child, _stop_event_mp=event)
+    timeout_s = 2.0
     started = time.monotonic()
-    stop_rollout_child(worker, timeout_s=2.0)
-    assert time.monotonic() - started < 15  # TRL's own stop would block here for ever
+    stop_rollout_child(worker, timeout_s=timeout_s)
+    # Its wait, then at most 5 s for the killed child to go (doubled: a loaded host); TRL's own would block for ever
+    assert time.monotonic() - started < 2 * (timeout_s + 5)
     assert worker._process is None and not process_alive(child.pid)
 
 
@@ -50,6 +47,7 @@ def test_a_child_that_acknowledges_stops_cleanly():
     event = context.Event()
     child = context.Process(target=wait_for, args=(event,), daemon=True)
     child.start()
+    wait_until_waiting(event, child)  # TRL's stop gives it 15 s from the stop on: its start-up is not part of them
     worker = SimpleNamespace(_process=child, _stop_event_mp=event)
     stop_rollout_child(worker, timeout_s=30.0)
     assert worker._process is None and child.exitcode == 0

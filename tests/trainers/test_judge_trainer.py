@@ -412,7 +412,11 @@ def test_judge_starts_before_slow_rewards_when_the_verdict_comes_from_a_verifier
 
     def slow_rubric(completions, **kwargs):
         start = time.perf_counter()
-        time.sleep(0.5)
+        if mode == "verifier":  # slow until every judge call has arrived (120 s: a hang guard; later ones fail)
+            while len(judge.arrivals) < 4 and time.perf_counter() < start + 120:
+                time.sleep(0.01)
+        else:
+            time.sleep(0.5)  # time for a judge call sent too early to arrive
         events["slow"].append((start, time.perf_counter()))
         return [0.0] * len(completions)
 
