@@ -1036,3 +1036,17 @@ def feed_steps(monitor, logs, args):
     """Configure ``monitor`` from ``args`` at step 0, then observe the (step, log) pairs; return the alerts."""
     monitor.on_train_begin(args, TrainerState(), TrainerControl())
     return [alert for step, entry in logs for alert in monitor.observe(entry, step)]
+
+
+def test_kl_spike_is_idle_on_the_sampler_kl_of_an_async_run():
+    # TRL's asynchronous trainer has no KL term: its ``kl`` is the k3 estimate between the trained policy and the
+    # sampler, which swings with each batch's staleness (7x from one step to the next in a healthy
+    # benchmarks/monitors_eval.py run). The same series in a synchronous run is a KL to the reference, and spikes.
+    kls = [0.004, 0.006, 0.005, 0.004, 0.006, 0.005, 0.035, 0.004, 0.041]
+    logs = [(step, {"kl": kl, "entropy": 1.0}) for step, kl in enumerate(kls, start=1)]
+    assert feed_steps(EntropyMonitor(), logs, async_args()) == []
+    assert [(a.rule, a.step) for a in feed_steps(EntropyMonitor(), logs, off_policy_args())] == [("kl_spike", 7)]
+    # A KL logged under another key is the user's own reference KL: watched in asynchronous runs too.
+    custom = [(step, {"ref_kl": kl, "entropy": 1.0}) for step, kl in enumerate(kls, start=1)]
+    alerts = feed_steps(EntropyMonitor(kl_metric="ref_kl"), custom, async_args())
+    assert [(a.rule, a.step) for a in alerts] == [("kl_spike", 7)]
