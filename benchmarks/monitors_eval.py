@@ -1,22 +1,42 @@
-"""Evaluation of the default monitors on real runs (issue 31): alerts on healthy runs, pathologies caught, and when.
+"""Evaluation of the default monitors on real runs (issues 31, 40): alerts on healthy runs, pathologies caught, and
+when, over four workloads.
 
-    python benchmarks/monitors_eval.py [--seeds 0 1 2] [--steps 40] [--onset 16] [--no-write]
+    python benchmarks/monitors_eval.py [--workloads judge-credit stepwise rlmt async] [--stepwise-logs DIR ...]
+        [--cache-dir DIR] [--logs-dir DIR] [--no-write]
+    python benchmarks/monitors_eval.py --replay LOGS_DIR [--stepwise-logs DIR ...]   # the current rules, no training
 
-Every run trains the judge-credit miniature of the quickstart (`trl_ext.quickstart.judge_credit`: a tiny Qwen2 model
-after brief cold-start SFT on the digit-copy task, `JudgeCreditTrainer` with the IPO loss, LoRA, a scripted span
-judge on 127.0.0.1, each batch used twice) with `default_monitors(action="warn", stop_on_collapse=False)` plus a KL
-penalty (β = 0.04, so that the KL rule has a metric). Healthy runs use the miniature's settings over ``--seeds``.
-Each pathology is injected into seed 0 at optimizer step ``--onset`` (or from the first step where it is a setting)
-and has the rules that should name it:
+Every run is watched by `default_monitors(action="warn", stop_on_collapse=False)` (plus the `StalenessMonitor` of an
+asynchronous run: ``args=`` its config). The workloads (`WORKLOADS`):
 
-| pathology | injected | expected rules |
-|---|---|---|
-| learning rate x30 | the optimizer's learning rate x30 at the onset | kl_spike, entropy_collapse, clip_rate_high |
-| temperature 0.05 | sampling temperature from the start | entropy_collapse |
-| constant reward | the outcome reward returns 0.5 from the onset (λ = 0: no judge credit) | reward_no_signal |
-| stale rollouts | each batch used 16 times, learning rate x10, from the start | clip_rate_high |
-| judge fails | the judge answers HTTP 500 from the onset | judge_failure |
-| sign flip | the outcome reward is negated from the onset | reward_collapse |
+- **judge credit**: the judge-credit miniature of the quickstart (`trl_ext.quickstart.judge_credit`: a tiny Qwen2
+  model after brief cold-start SFT on the digit-copy task, `JudgeCreditTrainer` with the IPO loss, LoRA, a scripted
+  span judge on 127.0.0.1, each batch used twice) plus a KL penalty (β = 0.04, so that the KL rule has a metric).
+  Healthy runs over ``--seeds`` (``--healthy-steps``), pathologies on seed 0 (``--steps``, onset ``--onset``).
+- **stepwise**: the default quickstart (`trl_ext.quickstart.stepwise`: the toy delegation task, scripted teacher,
+  cold-start SFT, then `StepwiseRLMTrainer` with its default settings: IPO, β = 0.2, LoRA, 4 passes per generation
+  batch) on seed 0, stopped after ``--stepwise-steps`` of its ``rl_steps`` (the learning-rate schedule is the default
+  run's). Healthy runs: ``--stepwise-seeds`` (none by default: a full run takes minutes) and the quickstart runs
+  replayed from ``--stepwise-logs`` (every ``trainer_state.json`` below each folder, named by its folder; the
+  settings it ran with are read from the folder's ``trl_ext_run.json`` when it has one).
+- **RLMT**: the RLMT miniature (`trl_ext.quickstart.rlmt`: `RLMTTrainer`, an untrained tiny policy, the tiny reward
+  model scoring the response, IPO, LoRA, β = 0.001, each batch used twice), ``--rlmt-steps`` steps instead of its 8.
+- **async**: the judge-credit miniature trained asynchronously: `AsyncJudgeCreditTrainer` from the same SFT policy
+  (saved to disk), sampling with a `LocalPolicy` (an in-process sampling copy synced every step, no vLLM server),
+  ``max_staleness`` 1, each sample trained once, no KL term, ``--async-steps`` steps.
+
+Each pathology is injected at its workload's onset step (or from the first step where it is a setting) and has the
+rules that should name it:
+
+| workload | pathology | injected | expected rules |
+|---|---|---|---|
+| judge credit, stepwise, RLMT | learning rate x30 | the optimizer's learning rate x30 at the onset | kl_spike, entropy_collapse, clip_rate_high |
+| judge credit, stepwise, RLMT | temperature 0.05 | sampling temperature from the start | entropy_collapse |
+| judge credit, RLMT | constant reward | the outcome reward returns 0.5 from the onset (judge credit: λ = 0) | reward_no_signal |
+| judge credit | stale rollouts | each batch used 16 times, learning rate x10, from the start | clip_rate_high |
+| judge credit, async | judge fails | the judge answers HTTP 500 from the onset | judge_failure |
+| judge credit, stepwise | sign flip | the outcome reward is negated from the onset | reward_collapse |
+| async | stale rollouts | from the onset the worker's staleness gate is off and each trainer step takes 1 s longer | stale_rollouts |
+| async | slow generation | from the onset each sampling call (one group) takes 0.5 s longer | trainer_starved |
 
 A pathology counts as caught when one of its rules fires at or after the onset; the delay is the first such step
 minus the onset. Alerts before the onset of a pathology run count as false alarms too. Prints the confusion table
@@ -34,205 +54,173 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from _results import machine, write_section
-from transformers import TrainerCallback
-
-from trl_ext.callbacks import default_monitors
-from trl_ext.quickstart.copy_task import copy_digit_accuracy_reward, copy_exact_match_reward, copy_task_splits
-from trl_ext.quickstart.judge_credit import JudgeCreditSettings, build_policy, judge_for, sft_copy_policy, train_rl
-from trl_ext.quickstart.scripted_server import ErrorReply, ScriptedChatServer
-from trl_ext.quickstart.training import fresh_copy
-
-KL_BETA = 0.04
-
-
-@dataclasses.dataclass(frozen=True)
-class Pathology:
-    """One injected failure, the rules that should name it, and how it is injected.
-
-    From the first step: ``config`` (fields of the run's `JudgeCreditConfig`), ``learning_rate_x`` (the configured
-    learning rate times this), ``judge_lambda`` (None: the miniature's). At the onset step (`Onset`):
-    ``onset_learning_rate_x`` (the optimizer's learning rate times this), ``reward`` (the outcome reward turns
-    ``"constant"`` or ``"flipped"``), ``judge_down`` (the judge answers HTTP 500).
-    """
-
-    name: str
-    expected: tuple[str, ...]
-    config: dict[str, Any] = dataclasses.field(default_factory=dict)
-    learning_rate_x: float = 1.0
-    judge_lambda: float | None = None
-    onset_learning_rate_x: float | None = None
-    reward: str | None = None
-    judge_down: bool = False
-
-    @property
-    def mid_run(self) -> bool:
-        """Switched on at the onset step (else present from the first step)."""
-        return self.onset_learning_rate_x is not None or self.reward is not None or self.judge_down
-
-
-PATHOLOGIES = (
-    Pathology("learning rate x30", ("kl_spike", "entropy_collapse", "clip_rate_high"), onset_learning_rate_x=30.0),
-    Pathology("temperature 0.05", ("entropy_collapse",), config={"temperature": 0.05}),
-    # λ = 0: the outcome reward is the only signal
-    Pathology("constant reward", ("reward_no_signal",), judge_lambda=0.0, reward="constant"),
-    Pathology("stale rollouts", ("clip_rate_high",), config={"num_iterations": 16}, learning_rate_x=10.0),
-    Pathology("judge fails", ("judge_failure",), judge_down=True),
-    Pathology("sign flip", ("reward_collapse",), reward="flipped"),
+sys.path.insert(0, str(Path(__file__).parent))
+from _monitors_runs import (  # noqa: E402
+    ASYNC_MAX_STALENESS,
+    KL_BETA,
+    async_sft_policy,
+    run,
+    run_async,
+    run_rlmt,
+    run_stepwise,
+    sft_policy,
+    stepwise_start,
 )
+from _monitors_workloads import (  # noqa: E402
+    ASYNC_PATHOLOGIES,
+    PATHOLOGIES,
+    RLMT_PATHOLOGIES,
+    STEPWISE_PATHOLOGIES,
+    WORKLOADS,
+    expected_rules,
+)
+from _results import machine, write_section  # noqa: E402
+
+from trl_ext.callbacks import default_monitors  # noqa: E402
+from trl_ext.quickstart.judge_credit import JudgeCreditSettings  # noqa: E402
+
+__all__ = [  # what tests/callbacks uses
+    "ASYNC_PATHOLOGIES",
+    "PATHOLOGIES",
+    "async_sft_policy",
+    "evaluate",
+    "replayed_record",
+    "run",
+    "run_async",
+    "run_rlmt",
+    "sft_policy",
+    "stepwise_log_records",
+]
+
+CAUGHT_WITHIN = 5  # steps after the onset
 
 
-class Onset(TrainerCallback):
-    """Switches a pathology on at the start of optimizer step ``onset`` (1-based, as the logs number steps)."""
-
-    def __init__(self, onset: int, learning_rate_x: float | None = None) -> None:
-        self.onset, self.learning_rate_x, self.on = onset, learning_rate_x, False
-
-    def on_step_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
-        if not self.on and state.global_step + 1 >= self.onset:
-            self.on = True
-            if self.learning_rate_x is not None:  # a constant schedule: scale its base rates too, or it resets them
-                lr_scheduler.base_lrs = [lr * self.learning_rate_x for lr in lr_scheduler.base_lrs]
-                for group in optimizer.param_groups:
-                    group["lr"] *= self.learning_rate_x
-
-
-def outcome_reward(onset: Onset, kind: str | None) -> Callable[..., list[float]]:
-    """The miniature's exact-match reward, ``"constant"`` (0.5) or ``"flipped"`` (negated) once `onset` is on."""
-
-    def copy_exact_match_reward_(completions, answer, **kwargs):
-        rewards = copy_exact_match_reward(completions, answer, **kwargs)
-        if onset.on and kind == "constant":
-            return [0.5] * len(rewards)
-        if onset.on and kind == "flipped":
-            return [-r for r in rewards]
-        return rewards
-
-    copy_exact_match_reward_.__name__ = "copy_exact_match_reward"  # the judge's verdict reward, by name
-    return copy_exact_match_reward_
-
-
-def run(
-    js: JudgeCreditSettings,
-    sft: tuple[Any, Any, Any],
-    steps: int,
-    onset_step: int,
-    pathology: Pathology | None,
-    logs_dir: str | None = None,
-) -> dict[str, Any]:
-    """One RL run from the seed's SFT policy (``pathology`` None: healthy); returns its alerts (rule, step) and the
-    onset."""
-    model, tokenizer, rl_set = sft
-    sick = pathology or Pathology("healthy", ())
-    onset = Onset(onset_step if sick.mid_run else 1, sick.onset_learning_rate_x)
-    judge = judge_for(js)
-
-    def script(request):
-        return ErrorReply(500, "the judge is down") if sick.judge_down and onset.on else judge(request)
-
-    monitors = default_monitors(action="warn", stop_on_collapse=False)
-    overrides = {"max_steps": steps, "beta": KL_BETA, **sick.config}
-    if sick.learning_rate_x != 1.0:
-        overrides["learning_rate"] = js.rl_learning_rate * sick.learning_rate_x
-    judge_lambda = js.judge_lambda if sick.judge_lambda is None else sick.judge_lambda
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as output, ScriptedChatServer(script, model="judge") as server:
-        trainer = train_rl(
-            fresh_copy(model),
-            tokenizer,
-            rl_set,
-            js,
-            judge_lambda,
-            Path(output),
-            server.base_url,
-            monitors=[*monitors, onset],
-            reward_funcs=[outcome_reward(onset, sick.reward), copy_digit_accuracy_reward],
-            config_overrides=overrides,
-        )
-    alerts = sorted((a["rule"], a["step"]) for m in monitors for a in m.alerts)
-    if logs_dir is not None:  # the run's logs, to replay the rules on (`replay`)
-        path = Path(logs_dir) / f"{sick.name.replace(' ', '_')}-seed{js.seed}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fields = (
-            "gradient_accumulation_steps",
-            "steps_per_generation",
-            "num_iterations",
-            "loss_type",
-            "use_vllm",
-            "judge_lambda",
-        )
-        run_args = {field: getattr(trainer.args, field) for field in fields} | {"logging_steps": 1}
-        path.write_text(json.dumps({"onset": onset.onset, "args": run_args, "log_history": trainer.state.log_history}))
-    return {
-        "seed": js.seed,
-        "pathology": sick.name,
-        "onset": onset.onset,
-        "alerts": alerts,
-        "steps": trainer.state.global_step,
-        "seconds": time.perf_counter() - started,
-    }
-
-
-def sft_policy(seed: int, cache_dir: str | None) -> tuple[JudgeCreditSettings, tuple[Any, Any, Any]]:
-    """The seed's settings and its policy after the miniature's cold-start SFT (saved in and read from
-    ``cache_dir/seed<seed>`` when given), its tokenizer and its RL prompts."""
-    from transformers import AutoModelForCausalLM
-
-    js = JudgeCreditSettings.default(seed)
-    cached = Path(cache_dir) / f"seed{seed}" if cache_dir else None
-    sft_rows, rl_set, _ = copy_task_splits(
-        js.seed, js.num_sft_examples, js.num_rl_examples, js.num_eval_examples, js.digits
-    )
-    model, tokenizer = build_policy(js)
-    if cached is not None and (cached / "config.json").exists():
-        return js, (AutoModelForCausalLM.from_pretrained(cached).eval(), tokenizer, rl_set)
-    with tempfile.TemporaryDirectory() as folder:
-        model = sft_copy_policy(model, tokenizer, sft_rows, js, Path(folder), progress=False)
-    if cached is not None:
-        model.save_pretrained(cached)
-    return js, (model, tokenizer, rl_set)
-
-
-def replay(path: str | Path) -> list[tuple[str, int]]:
-    """The alerts fresh default monitors give on a run's saved logs (``--logs-dir``): the rules are pure functions
-    of the logs, so a rule change is measured on the same runs without training them again."""
+# ----------------------------------------------------------------------------------------------------------------
+# Replay: the current rules on saved logs
+# ----------------------------------------------------------------------------------------------------------------
+def replay_history(log_history: Iterable[Mapping[str, Any]], run_args: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """The alerts fresh default monitors give on a run's log history, the run's arguments ``run_args`` (the fields
+    the monitors read: `_monitors_workloads.RUN_ARG_FIELDS`, ``logging_steps``): the rules are pure functions of the logs, so a rule
+    change is measured on the same runs without training them again."""
     from types import SimpleNamespace
 
     from transformers import TrainerControl, TrainerState
 
-    saved = json.loads(Path(path).read_text())
-    monitors = default_monitors(action="warn", stop_on_collapse=False)
+    args = SimpleNamespace(**run_args)
+    monitors = default_monitors(action="warn", stop_on_collapse=False, args=args)
     alerts = []
     for monitor in monitors:
-        monitor.on_train_begin(SimpleNamespace(**saved["args"]), TrainerState(), TrainerControl())
-        for logs in saved["log_history"]:
+        monitor.on_train_begin(args, TrainerState(), TrainerControl())
+        for logs in log_history:
             if "step" in logs and "loss" in logs:
                 alerts += [(alert.rule, alert.step) for alert in monitor.observe(logs, logs["step"])]
     return sorted(alerts)
 
 
-def healthy(result: dict[str, Any]) -> bool:
-    """A healthy run's result (``"healthy"``, or a replayed ``"healthy_<name>"``)."""
-    return result["pathology"].startswith("healthy")
+def replayed_record(path: Path) -> dict[str, Any]:
+    """The record of a run saved with ``--logs-dir`` (`_monitors_workloads.result_of`), its alerts from the current
+    rules (`replay_history`)."""
+    saved = json.loads(path.read_text())
+    return {
+        "workload": saved["workload"],
+        "run": f"seed {saved['seed']}",
+        "seed": saved["seed"],
+        "pathology": saved["pathology"],
+        "onset": saved["onset"],
+        "alerts": replay_history(saved["log_history"], saved["args"]),
+    }
 
 
-def evaluate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def quickstart_monitor_args(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """What the monitors read from the training arguments of a quickstart RL run with ``settings``
+    (`trl_ext.quickstart.settings.toy_rl_config_kwargs`: one log per step, ``rl_micro_batches`` accumulated
+    micro-batches per optimizer step, TRL's ``steps_per_generation`` = gradient accumulation)."""
+    return {
+        "logging_steps": 1,
+        "gradient_accumulation_steps": settings["rl_micro_batches"],
+        "steps_per_generation": settings["rl_micro_batches"],
+        "num_iterations": settings["num_iterations"],
+        "loss_type": settings["loss_type"],
+        "beta": settings["rl_beta"],
+    }
+
+
+def settings_note(settings: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
+    """A replayed quickstart run's ``settings`` against today's ``defaults`` (`QuickstartSettings.default` as a
+    dict), the seed aside: ``"default settings"`` or what differs."""
+    differ = [
+        f"{name}={settings.get(name)!r} (default {default!r})"
+        for name, default in defaults.items()
+        if name != "seed" and settings.get(name) != default
+    ]
+    return "default settings" if not differ else "not the default: " + ", ".join(differ)
+
+
+def stepwise_log_record(folder: Path, root: Path, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The record of the quickstart RL run in ``folder`` (below ``root``: its ``trainer_state.json`` and
+    ``trl_ext_run.json``, as `trl-ext quickstart` and benchmarks/quickstart_ablations.py write them), replayed as a
+    healthy stepwise run, named by its folder, its settings noted (`settings_note`)."""
+    info_path = folder / "trl_ext_run.json"
+    if not info_path.exists():
+        raise FileNotFoundError(
+            f"{folder} has a trainer_state.json but no trl_ext_run.json: --stepwise-logs replays the output folders "
+            "of `trl-ext quickstart` or benchmarks/quickstart_ablations.py, which record the run's settings there."
+        )
+    settings = json.loads(info_path.read_text())["extra"]["settings"]
+    state = json.loads((folder / "trainer_state.json").read_text())
+    name = folder.relative_to(root).as_posix()
+    return {
+        "workload": "stepwise",
+        "run": root.as_posix().rstrip("/") + ("" if name == "." else f"/{name}"),
+        "seed": settings["seed"],
+        "pathology": "healthy",
+        "onset": 1,
+        "alerts": replay_history(state["log_history"], quickstart_monitor_args(settings)),
+        "steps": state.get("global_step"),
+        "settings": settings_note(settings, defaults),
+        "replayed": True,
+    }
+
+
+def stepwise_log_records(roots: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """Every quickstart run below ``roots`` (each folder holding a ``trainer_state.json``) as a replayed healthy
+    stepwise record (`stepwise_log_record`)."""
+    from trl_ext.quickstart import QuickstartSettings
+
+    defaults = dataclasses.asdict(QuickstartSettings.default())
+    return [
+        stepwise_log_record(state.parent, Path(root), defaults)
+        for root in roots
+        for state in sorted(Path(root).rglob("trainer_state.json"))
+    ]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The table
+# ----------------------------------------------------------------------------------------------------------------
+def healthy(result: Mapping[str, Any]) -> bool:
+    return result["pathology"] == "healthy"
+
+
+def evaluate(runs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Each run with its false alarms (any alert of a healthy run, any before a pathology's onset), the expected rule
     that caught its pathology first (``caught_by``) and how many steps after the onset (``delay``)."""
-    expected = {p.name: p.expected for p in PATHOLOGIES}
     rows = []
     for r in runs:
-        rules = expected.get(r["pathology"], ())
+        rules = () if healthy(r) else expected_rules(r.get("workload", "judge-credit"), r["pathology"])
         before = [(rule, step) for rule, step in r["alerts"] if healthy(r) or step < r["onset"]]
         hits = [(step, rule) for rule, step in r["alerts"] if rule in rules and step >= r["onset"]]
         first = min(hits) if hits else None
         rows.append(
             {
+                "workload": "judge-credit",
+                "run": f"seed {r.get('seed')}",
                 **r,
+                "expected": rules,
                 "false": before,
                 "caught_by": first[1] if first else None,
                 "delay": first[0] - r["onset"] if first else None,
@@ -241,47 +229,171 @@ def evaluate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def render(rows: list[dict[str, Any]], seeds: list[int], steps: int, healthy_steps: int, command: str) -> str:
-    well = [r for r in rows if healthy(r)]
-    sick = [r for r in rows if not healthy(r)]
+def summarize(rows: Sequence[Mapping[str, Any]], within: int = CAUGHT_WITHIN) -> dict[str, dict[str, int]]:
+    """Per workload (in `WORKLOADS` order): healthy runs and those with an alert, healthy runs at today's default
+    settings (replayed runs whose settings are recorded as the default, and every run trained here) and those with
+    an alert, pathologies and those caught by an expected rule within ``within`` steps of the onset."""
+    out: dict[str, dict[str, int]] = {}
+    order = [name for name in WORKLOADS if any(r["workload"] == name for r in rows)]
+    order += sorted({r["workload"] for r in rows} - set(order))
+    for name in order:
+        mine = [r for r in rows if r["workload"] == name]
+        well = [r for r in mine if healthy(r)]
+        default = [r for r in well if r.get("settings", "default settings") == "default settings"]
+        sick = [r for r in mine if not healthy(r)]
+        out[name] = {
+            "healthy": len(well),
+            "healthy_alerted": sum(bool(r["false"]) for r in well),
+            "default": len(default),
+            "default_alerted": sum(bool(r["false"]) for r in default),
+            "pathologies": len(sick),
+            "caught": sum(r["caught_by"] is not None and r["delay"] <= within for r in sick),
+        }
+    return out
+
+
+def run_label(row: Mapping[str, Any]) -> str:
+    """A row's run column: ``healthy, seed 0``, ``healthy, <folder> (replayed; <settings>)`` or the pathology."""
+    if healthy(row):
+        if row.get("replayed"):
+            return f"healthy, `{row['run']}` (replayed; {row.get('settings', 'settings not recorded')})"
+        return f"healthy, {row['run']}"
+    return f"{row['pathology']}, {row['run']}"
+
+
+def render(rows: Sequence[Mapping[str, Any]], description: Sequence[str], command: str) -> str:
+    """The RESULTS.md section: the command and what was run (``description``: one paragraph per workload), one row
+    per run, then per workload the healthy runs with an alert and the pathologies caught (k of n)."""
+    titles = {name: w.title for name, w in WORKLOADS.items()}
+    ordered = sorted(
+        rows,
+        key=lambda r: (list(WORKLOADS).index(r["workload"]) if r["workload"] in WORKLOADS else 99, not healthy(r)),
+    )
     lines = [
         "## Monitors: alerts on healthy runs and injected pathologies",
         "",
-        f"`{command}` ({machine()}, {os.cpu_count()} CPUs). The judge-credit miniature (tiny Qwen2 after cold-start "
-        f"SFT on digit copying, JudgeCreditTrainer, IPO, LoRA, each batch used twice, β = {KL_BETA}) with "
-        "`default_monitors(action='warn', stop_on_collapse=False)`; healthy runs "
-        f"{healthy_steps} steps over seeds {', '.join(map(str, seeds))}; each pathology on seed 0, {steps} steps, "
-        "injected at its onset (step 1 where it is a setting).",
+        f"`{command}` ({machine()}, {os.cpu_count()} CPUs). Every run is watched by "
+        "`default_monitors(action='warn', stop_on_collapse=False)` (and its `StalenessMonitor` in the asynchronous "
+        f"runs); a pathology is caught when an expected rule fires at or after its onset, within {CAUGHT_WITHIN} "
+        "steps to count below; any alert of a healthy run, or before an onset, is a false alarm.",
         "",
-        "| run | onset | expected rules | caught by (delay in steps) | false alarms (rule@step) |",
-        "|---|---|---|---|---|",
+        *[line for paragraph in description for line in (f"- {paragraph}",)],
+        "",
+        "| workload | run | onset | expected rules | caught by (delay in steps) | false alarms (rule@step) |",
+        "|---|---|---|---|---|---|",
     ]
-    expected = {p.name: ", ".join(p.expected) for p in PATHOLOGIES}
-    for r in well + sick:
+    for r in ordered:
         if healthy(r):
-            name, onset, caught = f"healthy, seed {r['seed']}", "—", "—"
+            onset, caught = "—", "—"
         else:
-            name, onset = r["pathology"], str(r["onset"])
+            onset = str(r["onset"])
             caught = f"{r['caught_by']} (+{r['delay']})" if r["caught_by"] else "**missed**"
         false = ", ".join(f"{rule}@{step}" for rule, step in r["false"]) or "none"
-        lines.append(f"| {name} | {onset} | {expected.get(r['pathology'], '—')} | {caught} | {false} |")
-    caught = sum(r["caught_by"] is not None and r["delay"] <= 5 for r in sick)
+        expected = ", ".join(r["expected"]) or "—"
+        lines.append(
+            f"| {titles.get(r['workload'], r['workload'])} | {run_label(r)} | {onset} | {expected} | {caught} "
+            f"| {false} |"
+        )
+    lines.append("")
+    for name, s in summarize(ordered).items():
+        default = ""
+        if s["default"] != s["healthy"]:
+            default = f" (at today's default settings: {s['default_alerted']} of {s['default']})"
+        lines.append(
+            f"- {titles.get(name, name)}: healthy runs with an alert {s['healthy_alerted']} of {s['healthy']}"
+            f"{default}; pathologies caught by an expected rule within {CAUGHT_WITHIN} steps of onset "
+            f"{s['caught']} of {s['pathologies']}."
+        )
     lines += [
         "",
-        f"Healthy runs with an alert: {sum(bool(r['false']) for r in well)} of {len(well)}. Pathologies caught "
-        f"by an expected rule within 5 steps of onset: {caught} of {len(sick)}. Every alert of every run: "
-        + "; ".join(f"{r['pathology']} (seed {r['seed']}): {r['alerts'] or 'none'}" for r in rows)
+        "Every alert of every run: "
+        + "; ".join(
+            f"{titles.get(r['workload'], r['workload'])} {r['pathology']} ({r['run']}): "
+            + (", ".join(f"{rule}@{step}" for rule, step in r["alerts"]) or "none")
+            for r in ordered
+        )
         + ".",
     ]
     return "\n".join(lines)
 
 
+def describe(args: argparse.Namespace, workloads: Sequence[str], stepwise_logs: Sequence[str]) -> list[str]:
+    """One paragraph per workload run: what it trains and with which steps, seeds and onset (`render`)."""
+    seeds = ", ".join
+    text = {
+        "judge-credit": (
+            "**judge credit**: the judge-credit miniature (tiny Qwen2 after cold-start SFT on digit copying, "
+            f"JudgeCreditTrainer, IPO, LoRA, each batch used twice, β = {KL_BETA}); healthy runs "
+            f"{args.healthy_steps} steps on seeds {seeds(map(str, args.seeds))}; each pathology on seed 0, "
+            f"{args.steps} steps, onset at step {args.onset} (step 1 where it is a setting)."
+        ),
+        "stepwise": (
+            "**stepwise RLM**: the default quickstart (toy delegation task, scripted teacher, cold-start SFT, "
+            "StepwiseRLMTrainer with the default settings: IPO, β = 0.2, LoRA, each generation batch used for 4 "
+            "steps), pathologies on seed 0 stopped after "
+            f"{args.stepwise_steps} of its steps (fewer than the default run's, to fit 2 cores), onset at step "
+            f"{args.stepwise_onset}"
+            + (
+                f"; healthy runs of {args.stepwise_steps} steps on seeds {seeds(map(str, args.stepwise_seeds))}"
+                if args.stepwise_seeds
+                else ""
+            )
+            + (
+                "; healthy runs: every quickstart run below "
+                + ", ".join(f"`{d}`" for d in stepwise_logs)
+                + " replayed through the current rules (their full length, named by folder, with the settings "
+                "their `trl_ext_run.json` records against today's defaults)"
+                if stepwise_logs
+                else ""
+            )
+            + "."
+        ),
+        "rlmt": (
+            "**RLMT**: the RLMT miniature (untrained tiny policy, tiny reward model scoring the response, "
+            f"RLMTTrainer, IPO, LoRA, β = 0.001, each batch used twice), {args.rlmt_steps} steps instead of its 8; "
+            f"healthy runs on seeds {seeds(map(str, args.rlmt_seeds))}; each pathology on seed 0, onset at step "
+            f"{args.rlmt_onset}."
+        ),
+        "async": (
+            "**async judge credit**: the judge-credit miniature's SFT policy trained by AsyncJudgeCreditTrainer "
+            f"(IPO, LoRA, max_staleness {ASYNC_MAX_STALENESS}, each sample trained once, no KL term), sampling with "
+            f"a LocalPolicy (in-process, synced every step); {args.async_steps} steps; healthy runs on seeds "
+            f"{seeds(map(str, args.async_seeds))}; each pathology on seed 0, onset at step {args.async_onset}."
+        ),
+    }
+    return [text[name] for name in WORKLOADS if name in workloads]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------------------------------------------
+def wanted(only: Sequence[str] | None, name: str) -> bool:
+    return only is None or name in only
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the healthy runs")
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="judge credit: healthy seeds")
     parser.add_argument("--healthy-steps", type=int, default=JudgeCreditSettings.rl_steps)
-    parser.add_argument("--steps", type=int, default=40, help="optimizer steps of each pathology run")
-    parser.add_argument("--onset", type=int, default=16, help="the step a mid-run pathology starts at")
+    parser.add_argument("--steps", type=int, default=40, help="judge credit: steps of each pathology run")
+    parser.add_argument("--onset", type=int, default=16, help="judge credit: the step a mid-run pathology starts at")
+    parser.add_argument("--stepwise-seeds", type=int, nargs="*", default=[], help="stepwise: healthy seeds trained")
+    parser.add_argument("--stepwise-steps", type=int, default=16)
+    parser.add_argument("--stepwise-onset", type=int, default=9)
+    parser.add_argument(
+        "--stepwise-logs",
+        nargs="+",
+        action="extend",
+        default=[],
+        help="folders of quickstart runs: each trainer_state.json below them replayed as a healthy stepwise run",
+    )
+    parser.add_argument("--rlmt-seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--rlmt-steps", type=int, default=24)
+    parser.add_argument("--rlmt-onset", type=int, default=10)
+    parser.add_argument("--async-seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--async-steps", type=int, default=24)
+    parser.add_argument("--async-onset", type=int, default=10)
     parser.add_argument(
         "--only", nargs="*", default=None, help="run only these pathologies (names; 'healthy': the healthy runs)"
     )
@@ -293,32 +405,53 @@ def main() -> None:
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("trl_ext").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
+    command = ("python benchmarks/monitors_eval.py " + " ".join(sys.argv[1:])).strip()
     if args.replay:  # the saved runs' logs through the current rules, no training
-        runs = []
-        for path in sorted(Path(args.replay).glob("*.json")):
-            name, seed = path.stem.rsplit("-seed", 1)
-            onset = json.loads(path.read_text())["onset"]
-            runs.append(
-                {"seed": int(seed), "pathology": name.replace("_", " "), "onset": onset, "alerts": replay(path)}
-            )
-        print(render(evaluate(runs), args.seeds, args.steps, args.healthy_steps, "replay of " + args.replay))
+        runs = [replayed_record(path) for path in sorted(Path(args.replay).glob("*.json"))]
+        runs += stepwise_log_records(args.stepwise_logs)
+        workloads = sorted({r["workload"] for r in runs}, key=list(WORKLOADS).index)
+        print(render(evaluate(runs), describe(args, workloads, args.stepwise_logs), command))
         return
-    policies = {seed: sft_policy(seed, args.cache_dir) for seed in sorted({0, *args.seeds})}
-    runs = []
-    if args.only is None or "healthy" in args.only:
-        for seed in args.seeds:
-            js, sft = policies[seed]
-            runs.append(run(js, sft, args.healthy_steps, args.onset, None, args.logs_dir))
-            print(runs[-1], flush=True)
-    for pathology in PATHOLOGIES:
-        if args.only is not None and pathology.name not in args.only:
-            continue
-        js, sft = policies[0]
-        runs.append(run(js, sft, args.steps, args.onset, pathology, args.logs_dir))
-        print(runs[-1], flush=True)
-    command = "python benchmarks/monitors_eval.py " + " ".join(sys.argv[1:])
-    body = render(evaluate(runs), args.seeds, args.steps, args.healthy_steps, command.strip())
+    tick = time.perf_counter()
+    runs: list[dict[str, Any]] = []
+
+    def record(result: dict[str, Any]) -> None:
+        runs.append(result)
+        print({k: v for k, v in result.items()}, flush=True)
+
+    only = args.only
+    cache = Path(args.cache_dir) if args.cache_dir else Path(tempfile.mkdtemp(prefix="monitors_eval-"))
+    if "judge-credit" in args.workloads:
+        policies = {seed: sft_policy(seed, str(cache)) for seed in sorted({0, *args.seeds})}
+        if wanted(only, "healthy"):
+            for seed in args.seeds:
+                js, sft = policies[seed]
+                record(run(js, sft, args.healthy_steps, args.onset, None, args.logs_dir))
+        for pathology in PATHOLOGIES:
+            if wanted(only, pathology.name):
+                js, sft = policies[0]
+                record(run(js, sft, args.steps, args.onset, pathology, args.logs_dir))
+    if "async" in args.workloads:
+        for seed, pathology in [(s, None) for s in args.async_seeds if wanted(only, "healthy")] + [
+            (0, p) for p in ASYNC_PATHOLOGIES if wanted(only, p.name)
+        ]:
+            js, sft, sft_dir = async_sft_policy(seed, cache / f"async-seed{seed}")
+            record(run_async(js, sft, sft_dir, args.async_steps, args.async_onset, pathology, args.logs_dir))
+    if "rlmt" in args.workloads:
+        for seed, pathology in [(s, None) for s in args.rlmt_seeds if wanted(only, "healthy")] + [
+            (0, p) for p in RLMT_PATHOLOGIES if wanted(only, p.name)
+        ]:
+            record(run_rlmt(seed, args.rlmt_steps, args.rlmt_onset, pathology, args.logs_dir))
+    if "stepwise" in args.workloads:
+        for seed, pathology in [(s, None) for s in args.stepwise_seeds if wanted(only, "healthy")] + [
+            (0, p) for p in STEPWISE_PATHOLOGIES if wanted(only, p.name)
+        ]:
+            settings, start = stepwise_start(seed, cache / f"stepwise-seed{seed}")
+            record(run_stepwise(settings, start, args.stepwise_steps, args.stepwise_onset, pathology, args.logs_dir))
+        runs.extend(stepwise_log_records(args.stepwise_logs))
+    body = render(evaluate(runs), describe(args, args.workloads, args.stepwise_logs), command)
     print(body)
+    print(f"\nwall time {time.perf_counter() - tick:.0f} s")
     if not args.no_write and args.only is None:
         write_section("monitors_eval", body)
         print("\nwrote the monitors_eval section of benchmarks/RESULTS.md")
