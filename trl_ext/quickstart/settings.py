@@ -64,6 +64,7 @@ class QuickstartSettings(ScaledSettings):
     sft_batch_size: int = 8
     rl_steps: int = 28
     rl_learning_rate: float = 1e-3
+    rl_lr_scheduler: str = "constant"
     rl_beta: float = 0.2
     prompts_per_step: int = 4
     num_generations: int = 8
@@ -169,7 +170,7 @@ def toy_rl_config_kwargs(settings: QuickstartSettings, output: Path, progress: b
         "loss_type": settings.loss_type,
         "rlm_loss_normalization": settings.rlm_loss_normalization,
         "learning_rate": settings.rl_learning_rate,
-        "lr_scheduler_type": "constant",
+        "lr_scheduler_type": settings.rl_lr_scheduler,
         "beta": settings.rl_beta,  # KL to the SFT policy (the adapter disabled): keeps the programs intact
         "max_steps": settings.rl_steps,
         "per_device_train_batch_size": micro_batch,
