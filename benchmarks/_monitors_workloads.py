@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -210,6 +211,8 @@ def result_of(
             "pathology": sick.name,
             "seed": seed,
             "onset": onset.onset,
+            "steps": trainer.state.global_step,
+            "command": " ".join(["python benchmarks/monitors_eval.py", *sys.argv[1:]]),
             "args": run_args | {"logging_steps": 1},
             "log_history": trainer.state.log_history,
         }

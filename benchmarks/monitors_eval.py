@@ -3,7 +3,10 @@ when, over four workloads.
 
     python benchmarks/monitors_eval.py [--workloads judge-credit stepwise rlmt async] [--stepwise-logs DIR ...]
         [--cache-dir DIR] [--logs-dir DIR] [--no-write]
-    python benchmarks/monitors_eval.py --replay LOGS_DIR [--stepwise-logs DIR ...]   # the current rules, no training
+    python benchmarks/monitors_eval.py --replay LOGS_DIR [--stepwise-logs DIR ...] [--no-write]
+
+The second form trains nothing: the current rules on the runs saved by ``--logs-dir`` (one or several invocations,
+each run naming the command that made it), and the table written from them.
 
 Every run is watched by `default_monitors(action="warn", stop_on_collapse=False)` (plus the `StalenessMonitor` of an
 asynchronous run: ``args=`` its config). The workloads (`WORKLOADS`):
@@ -16,8 +19,9 @@ asynchronous run: ``args=`` its config). The workloads (`WORKLOADS`):
   cold-start SFT, then `StepwiseRLMTrainer` with its default settings: IPO, β = 0.2, LoRA, 4 passes per generation
   batch) on seed 0, stopped after ``--stepwise-steps`` of its ``rl_steps`` (the learning-rate schedule is the default
   run's). Healthy runs: ``--stepwise-seeds`` (none by default: a full run takes minutes) and the quickstart runs
-  replayed from ``--stepwise-logs`` (every ``trainer_state.json`` below each folder, named by its folder; the
-  settings it ran with are read from the folder's ``trl_ext_run.json`` when it has one).
+  replayed from ``--stepwise-logs`` (every ``trainer_state.json`` below each folder, named by its folder, with the
+  settings its ``trl_ext_run.json`` records: `trl-ext quickstart` output folders, or the ``--workdir`` of
+  benchmarks/quickstart_ablations.py, whose folders name the seed and the kernels).
 - **RLMT**: the RLMT miniature (`trl_ext.quickstart.rlmt`: `RLMTTrainer`, an untrained tiny policy, the tiny reward
   model scoring the response, IPO, LoRA, β = 0.001, each batch used twice), ``--rlmt-steps`` steps instead of its 8.
 - **async**: the judge-credit miniature trained asynchronously: `AsyncJudgeCreditTrainer` from the same SFT policy
@@ -131,6 +135,8 @@ def replayed_record(path: Path) -> dict[str, Any]:
         "seed": saved["seed"],
         "pathology": saved["pathology"],
         "onset": saved["onset"],
+        "steps": saved["steps"],
+        "command": saved["command"],
         "alerts": replay_history(saved["log_history"], saved["args"]),
     }
 
@@ -175,7 +181,7 @@ def stepwise_log_record(folder: Path, root: Path, defaults: Mapping[str, Any]) -
     name = folder.relative_to(root).as_posix()
     return {
         "workload": "stepwise",
-        "run": root.as_posix().rstrip("/") + ("" if name == "." else f"/{name}"),
+        "run": root.resolve().name if name == "." else name,
         "seed": settings["seed"],
         "pathology": "healthy",
         "onset": 1,
@@ -261,9 +267,9 @@ def run_label(row: Mapping[str, Any]) -> str:
     return f"{row['pathology']}, {row['run']}"
 
 
-def render(rows: Sequence[Mapping[str, Any]], description: Sequence[str], command: str) -> str:
-    """The RESULTS.md section: the command and what was run (``description``: one paragraph per workload), one row
-    per run, then per workload the healthy runs with an alert and the pathologies caught (k of n)."""
+def render(rows: Sequence[Mapping[str, Any]], commands: Sequence[str]) -> str:
+    """The RESULTS.md section: the ``commands`` that ran it and what was run (`describe`), one row per run, then per
+    workload the healthy runs with an alert and the pathologies caught (k of n)."""
     titles = {name: w.title for name, w in WORKLOADS.items()}
     ordered = sorted(
         rows,
@@ -272,12 +278,13 @@ def render(rows: Sequence[Mapping[str, Any]], description: Sequence[str], comman
     lines = [
         "## Monitors: alerts on healthy runs and injected pathologies",
         "",
-        f"`{command}` ({machine()}, {os.cpu_count()} CPUs). Every run is watched by "
+        " then ".join(f"`{command}`" for command in commands)
+        + f" ({machine(threads=False)}, {os.cpu_count()} CPUs). Every run is watched by "
         "`default_monitors(action='warn', stop_on_collapse=False)` (and its `StalenessMonitor` in the asynchronous "
         f"runs); a pathology is caught when an expected rule fires at or after its onset, within {CAUGHT_WITHIN} "
         "steps to count below; any alert of a healthy run, or before an onset, is a false alarm.",
         "",
-        *[line for paragraph in description for line in (f"- {paragraph}",)],
+        *[f"- {paragraph}" for paragraph in describe(rows)],
         "",
         "| workload | run | onset | expected rules | caught by (delay in steps) | false alarms (rule@step) |",
         "|---|---|---|---|---|---|",
@@ -317,51 +324,53 @@ def render(rows: Sequence[Mapping[str, Any]], description: Sequence[str], comman
     return "\n".join(lines)
 
 
-def describe(args: argparse.Namespace, workloads: Sequence[str], stepwise_logs: Sequence[str]) -> list[str]:
-    """One paragraph per workload run: what it trains and with which steps, seeds and onset (`render`)."""
-    seeds = ", ".join
-    text = {
-        "judge-credit": (
-            "**judge credit**: the judge-credit miniature (tiny Qwen2 after cold-start SFT on digit copying, "
-            f"JudgeCreditTrainer, IPO, LoRA, each batch used twice, β = {KL_BETA}); healthy runs "
-            f"{args.healthy_steps} steps on seeds {seeds(map(str, args.seeds))}; each pathology on seed 0, "
-            f"{args.steps} steps, onset at step {args.onset} (step 1 where it is a setting)."
-        ),
-        "stepwise": (
-            "**stepwise RLM**: the default quickstart (toy delegation task, scripted teacher, cold-start SFT, "
-            "StepwiseRLMTrainer with the default settings: IPO, β = 0.2, LoRA, each generation batch used for 4 "
-            "steps), pathologies on seed 0 stopped after "
-            f"{args.stepwise_steps} of its steps (fewer than the default run's, to fit 2 cores), onset at step "
-            f"{args.stepwise_onset}"
-            + (
-                f"; healthy runs of {args.stepwise_steps} steps on seeds {seeds(map(str, args.stepwise_seeds))}"
-                if args.stepwise_seeds
-                else ""
+# What each workload trains (`describe`).
+WORKLOAD_TEXT = {
+    "judge-credit": "the judge-credit miniature (tiny Qwen2 after cold-start SFT on digit copying, JudgeCreditTrainer, "
+    f"IPO, LoRA, each batch used twice, a scripted span judge on 127.0.0.1, β = {KL_BETA})",
+    "stepwise": "the default quickstart's RL stage (toy delegation task, scripted teacher, cold-start SFT, "
+    "StepwiseRLMTrainer with the default settings: IPO, β = 0.2, LoRA, each generation batch used for 4 steps); "
+    "pathology runs stop before the default run's end",
+    "rlmt": "the RLMT miniature (untrained tiny policy, tiny reward model scoring the response, RLMTTrainer, IPO, "
+    "LoRA, β = 0.001, each batch used twice)",
+    "async": "the judge-credit miniature's SFT policy trained by AsyncJudgeCreditTrainer (IPO, LoRA, max_staleness "
+    f"{ASYNC_MAX_STALENESS}, each sample trained once, no KL term), sampling with a LocalPolicy (in-process, synced "
+    "every step)",
+}
+
+
+def _spread(values: Iterable[Any]) -> str:
+    found = sorted(set(values))
+    return ", ".join(map(str, found)) if found else "?"
+
+
+def describe(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One paragraph per workload in ``rows``: what it trains (`WORKLOAD_TEXT`) and the seeds, steps and onsets of
+    its runs, read from the runs themselves."""
+    paragraphs = []
+    for name in [name for name in WORKLOADS if any(r["workload"] == name for r in rows)]:
+        mine = [r for r in rows if r["workload"] == name]
+        trained = [r for r in mine if healthy(r) and not r.get("replayed")]
+        replayed = [r for r in mine if r.get("replayed")]
+        sick = [r for r in mine if not healthy(r)]
+        parts = []
+        if trained:
+            parts.append(
+                f"healthy runs on seeds {_spread(r['seed'] for r in trained)} ({_spread(r['steps'] for r in trained)} "
+                "steps)"
             )
-            + (
-                "; healthy runs: every quickstart run below "
-                + ", ".join(f"`{d}`" for d in stepwise_logs)
-                + " replayed through the current rules (their full length, named by folder, with the settings "
-                "their `trl_ext_run.json` records against today's defaults)"
-                if stepwise_logs
-                else ""
+        if replayed:
+            parts.append(
+                f"{len(replayed)} healthy runs replayed from their output folders ({_spread(r['steps'] for r in replayed)} "
+                "steps; the folder names the seed and `ATEN_CPU_CAPABILITY`)"
             )
-            + "."
-        ),
-        "rlmt": (
-            "**RLMT**: the RLMT miniature (untrained tiny policy, tiny reward model scoring the response, "
-            f"RLMTTrainer, IPO, LoRA, β = 0.001, each batch used twice), {args.rlmt_steps} steps instead of its 8; "
-            f"healthy runs on seeds {seeds(map(str, args.rlmt_seeds))}; each pathology on seed 0, onset at step "
-            f"{args.rlmt_onset}."
-        ),
-        "async": (
-            "**async judge credit**: the judge-credit miniature's SFT policy trained by AsyncJudgeCreditTrainer "
-            f"(IPO, LoRA, max_staleness {ASYNC_MAX_STALENESS}, each sample trained once, no KL term), sampling with "
-            f"a LocalPolicy (in-process, synced every step); {args.async_steps} steps; healthy runs on seeds "
-            f"{seeds(map(str, args.async_seeds))}; each pathology on seed 0, onset at step {args.async_onset}."
-        ),
-    }
-    return [text[name] for name in WORKLOADS if name in workloads]
+        if sick:
+            parts.append(
+                f"each pathology on seed {_spread(r['seed'] for r in sick)}, {_spread(r['steps'] for r in sick)} steps, "
+                f"onset at step {_spread(r['onset'] for r in sick if r['onset'] > 1)} (step 1 where it is a setting)"
+            )
+        paragraphs.append(f"**{WORKLOADS[name].title}**: {WORKLOAD_TEXT[name]}; " + "; ".join(parts) + ".")
+    return paragraphs
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -399,7 +408,9 @@ def main() -> None:
     )
     parser.add_argument("--cache-dir", default=None, help="keep the SFT policies here between invocations")
     parser.add_argument("--logs-dir", default=None, help="save each run's log history here (JSON)")
-    parser.add_argument("--replay", default=None, help="a --logs-dir: evaluate the current rules on its runs' logs")
+    parser.add_argument(
+        "--replay", default=None, help="a --logs-dir: the current rules on its runs' logs (and --stepwise-logs)"
+    )
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
@@ -409,8 +420,12 @@ def main() -> None:
     if args.replay:  # the saved runs' logs through the current rules, no training
         runs = [replayed_record(path) for path in sorted(Path(args.replay).glob("*.json"))]
         runs += stepwise_log_records(args.stepwise_logs)
-        workloads = sorted({r["workload"] for r in runs}, key=list(WORKLOADS).index)
-        print(render(evaluate(runs), describe(args, workloads, args.stepwise_logs), command))
+        commands = list(dict.fromkeys(r["command"] for r in runs if r.get("command")))
+        body = render(evaluate(runs), [*commands, command])
+        print(body)
+        if not args.no_write:
+            write_section("monitors_eval", body)
+            print("\nwrote the monitors_eval section of benchmarks/RESULTS.md")
         return
     tick = time.perf_counter()
     runs: list[dict[str, Any]] = []
@@ -449,7 +464,7 @@ def main() -> None:
             settings, start = stepwise_start(seed, cache / f"stepwise-seed{seed}")
             record(run_stepwise(settings, start, args.stepwise_steps, args.stepwise_onset, pathology, args.logs_dir))
         runs.extend(stepwise_log_records(args.stepwise_logs))
-    body = render(evaluate(runs), describe(args, args.workloads, args.stepwise_logs), command)
+    body = render(evaluate(runs), [command])
     print(body)
     print(f"\nwall time {time.perf_counter() - tick:.0f} s")
     if not args.no_write and args.only is None:
