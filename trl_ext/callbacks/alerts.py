@@ -133,7 +133,7 @@ ALERTS: dict[str, AlertText] = {
         "or raise beta, and check the entropy alert.",
         variants={
             "spike": "KL {value:.4g} is {ratio:.1f}x its largest value of the last logs ({reference:.4g})",
-            "max": "KL {value:.4g} is above kl_max={kl_max:g}",
+            "max": "KL {value:.4g} is above kl_max={kl_max:g} (for {streak} logs in a row)",
         },
     ),
     "reward_collapse": AlertText(

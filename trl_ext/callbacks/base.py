@@ -178,9 +178,15 @@ class MonitorCallback(TrainerCallback, ExportableState):
         for rule, key_field in self.rule_metrics:
             metric = getattr(self.config, key_field)
             value = metric_value(logs, metric)
-            if value is not None and (finding := self._evaluate(rule, value, step)) is not None:
+            if value is None:
+                continue
+            if (finding := self._evaluate(rule, value, step, **self._rule_kwargs(rule))) is not None:
                 fired.append((finding, metric))
         return fired
+
+    def _rule_kwargs(self, rule: Rule) -> dict[str, Any]:
+        """Settings of ``rule`` that the monitor derives from the run (`_configure`), passed as keywords."""
+        return {}
 
     def _configure(self, args: TrainingArguments, state: TrainerState) -> None:
         """Read run facts from the training arguments at train begin."""

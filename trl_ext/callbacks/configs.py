@@ -188,7 +188,7 @@ class EntropyMonitorConfig(_Config):
     """Settings of `EntropyMonitor`: entropy collapse (absolute floor, relative drop) and KL spikes.
 
     Entropy: ``entropy_floor``, ``floor_patience``, ``max_drop``, ``baseline_logs``, ``smoothing``.
-    KL: ``kl_max``, ``kl_spike_factor``, ``kl_spike_min``, ``kl_window``, ``kl_min_history``.
+    KL: ``kl_max``, ``kl_max_patience``, ``kl_spike_factor``, ``kl_spike_min``, ``kl_window``, ``kl_min_history``.
     Wiring: ``entropy_metric``, ``kl_metric``.
     """
 
@@ -204,6 +204,11 @@ class EntropyMonitorConfig(_Config):
     baseline_logs: int = documented(5, "Logs that define the early level (their median).")
     smoothing: int = documented(3, "Logs in the median compared with the early level.")
     kl_max: float | None = documented(1.0, "Absolute KL threshold (nats per token); None disables it.")
+    kl_max_patience: int | None = documented(
+        None,
+        "Consecutive logs above kl_max before it fires; None: one more than the logs of a generation cycle (read "
+        "from the training arguments; 2 without them), so that one batch's outlier KL is not enough.",
+    )
     kl_spike_factor: float | None = documented(
         5.0, "Multiple of the largest recent KL (kl_window logs) that counts as a spike; None disables it."
     )
@@ -222,6 +227,8 @@ class EntropyMonitorConfig(_Config):
         self._int("baseline_logs", 1, 5)
         self._int("smoothing", 1, 3)
         self._float("kl_max", 1.0, low=0.0, low_inclusive=False, allow_none=True)
+        if self.kl_max_patience is not None:
+            self._int("kl_max_patience", 1, 3)
         self._float("kl_spike_factor", 5.0, low=1.0, low_inclusive=False, allow_none=True)
         self._float("kl_spike_min", 0.01, low=0.0)
         self._int("kl_window", 1, 10)

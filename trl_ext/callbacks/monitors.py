@@ -65,6 +65,31 @@ def async_max_staleness(args: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+GENERATION_FIELDS = ("gradient_accumulation_steps", "steps_per_generation", "num_iterations")
+
+
+def generation_cycle_steps(args: Any) -> int | None:
+    """Optimizer steps between two generation batches of a run with arguments ``args``: 1 in an asynchronous run
+    (TRL's `AsyncGRPOTrainer`, each sample trained once), the cycle of ``gradient_accumulation_steps``,
+    ``steps_per_generation`` and ``num_iterations`` in a synchronous one, None when the arguments lack them."""
+    if async_max_staleness(args) is not None:
+        return 1
+    ga, spg, num_iterations = (getattr(args, name, None) for name in GENERATION_FIELDS)
+    if not all(isinstance(x, int) and x > 0 for x in (ga, spg, num_iterations)):
+        return None
+    generate_every = spg * num_iterations  # micro-steps between generations
+    return math.lcm(ga, generate_every) // ga
+
+
+def logging_interval(args: Any, state: TrainerState) -> int:
+    """Optimizer steps between two logs: ``args.logging_steps``, or the Trainer's count in ``state`` where the
+    arguments give a ratio of ``max_steps`` (< 1)."""
+    logging_steps = getattr(args, "logging_steps", 1)
+    if not is_number(logging_steps) or logging_steps < 1:
+        logging_steps = getattr(state, "logging_steps", 1)
+    return max(1, int(logging_steps)) if is_number(logging_steps) else 1
+
+
 class ClipRateMonitor(MonitorCallback):
     """Watch the trust-region metric of the run's loss (`trl_ext.losses.LossSpec.trust_region_metric`): TRL's clip
     rate ``clip_ratio/region_mean``, the IPO loss's masked ratio, or that of a loss registered from outside.
@@ -136,16 +161,15 @@ class ClipRateMonitor(MonitorCallback):
             use_vllm=use_vllm,
             max_staleness=max_staleness,
         )
-        known = max_staleness is not None or all(isinstance(x, int) and x > 0 for x in (ga, spg, num_iterations))
+        cycle_steps = generation_cycle_steps(args)
+        known = cycle_steps is not None
         if max_staleness is not None:
             # TRL's AsyncGRPOTrainer: one pass per sample, p_old = the vLLM sampler's log-probs, and samples up to
             # max_staleness policy versions old; off-policy as soon as it may train on an older version.
             use_vllm = True
-            trainer_off_policy, cycle_steps = max_staleness > 0, 1
+            trainer_off_policy = max_staleness > 0
         elif known:
-            generate_every = spg * num_iterations  # micro-steps between generations
-            trainer_off_policy = ga % generate_every != 0
-            cycle_steps = math.lcm(ga, generate_every) // ga  # optimizer steps per generation cycle
+            trainer_off_policy = ga % (spg * num_iterations) != 0  # micro-steps between generations
         else:
             trainer_off_policy, cycle_steps = False, 1
         self._context["trainer_off_policy"] = trainer_off_policy
@@ -165,11 +189,7 @@ class ClipRateMonitor(MonitorCallback):
         if self.config.aggregate_logs is not None:
             self._aggregate = self.config.aggregate_logs
         else:
-            # args.logging_steps may be a ratio of max_steps (< 1); the Trainer has then put the steps in the state.
-            logging_steps = getattr(args, "logging_steps", 1)
-            if not is_number(logging_steps) or logging_steps < 1:
-                logging_steps = getattr(state, "logging_steps", 1)
-            logging_steps = max(1, int(logging_steps)) if is_number(logging_steps) else 1
+            logging_steps = logging_interval(args, state)
             # At most two logs: the on-policy first log of a cycle is averaged with an off-policy one (so values do
             # not alternate 0, x, 0, x), while a long cycle (num_iterations=16) still gives an observation every two
             # logs, not one per cycle, which kept the patience rules silent for three cycles.
@@ -213,7 +233,7 @@ class ClipRateMonitor(MonitorCallback):
             (clip_rate_stuck_zero, off_policy),
             (clip_rate_low, off_policy),
             (clip_rate_high, {}),
-            (clip_rate_drop, {}),
+            (clip_rate_drop, {"floor": floor}),  # a fall to 0 is healthy where 0 is
             (clip_rate_jump, {}),
         )
         fired = [self._evaluate(rule, x, step, **kwargs) for rule, kwargs in checks]
@@ -230,16 +250,17 @@ class EntropyMonitor(MonitorCallback):
         - ``entropy_collapse``: ``entropy`` below ``entropy_floor`` for ``floor_patience`` logs, or its median over
           the last ``smoothing`` logs down more than ``max_drop`` from its early level (median of the first
           ``baseline_logs`` logs) (`entropy_collapse`).
-        - ``kl_spike``: ``kl`` above ``kl_max``, or above ``kl_spike_factor`` × its rolling median over the last
-          ``kl_window`` logs (at least ``kl_min_history`` of them) while also above ``kl_spike_min``
-          (`kl_spike`). ``kl`` is only logged when ``beta > 0``; otherwise the rule is idle. In an asynchronous
+        - ``kl_spike``: ``kl`` above ``kl_max`` for ``kl_max_patience`` logs (by default, more than one generation
+          batch's), or above ``kl_spike_factor`` × its largest value over the last ``kl_window`` logs (at least
+          ``kl_min_history`` of them) while also above ``kl_spike_min`` (`kl_spike`). ``kl`` is only logged when ``beta > 0``; otherwise the rule is idle. In an asynchronous
           run (its arguments have ``max_staleness``) the rule is idle on the default ``kl`` key: TRL's
           asynchronous trainer has no KL term and logs under ``kl`` the k3 estimate between the trained policy and
           the sampler, a staleness figure that swings from batch to batch, not a distance to the reference.
 
     Args:
         config: an `EntropyMonitorConfig` (``entropy_floor``, ``floor_patience``, ``max_drop``, ``baseline_logs``,
-            ``smoothing``, ``kl_max``, ``kl_spike_factor``, ``kl_spike_min``, ``kl_window``, ``kl_min_history``,
+            ``smoothing``, ``kl_max``, ``kl_max_patience``, ``kl_spike_factor``, ``kl_spike_min``, ``kl_window``,
+            ``kl_min_history``,
             ``entropy_metric``, ``kl_metric``), or its fields as keywords.
         action, actions, start_step, rearm_after: see `MonitorCallback`.
     """
@@ -252,6 +273,7 @@ class EntropyMonitor(MonitorCallback):
     def __init__(self, config: EntropyMonitorConfig | None = None, **kwargs: Any):
         super().__init__(config, **kwargs)
         self._reference_kl = True  # `_configure`: the run's ``kl`` is the KL to the reference
+        self._kl_max_patience = self.config.kl_max_patience or 2  # `_configure`: from the generation cycle
 
     def _configure(self, args: TrainingArguments, state: TrainerState) -> None:
         super()._configure(args, state)
@@ -259,6 +281,12 @@ class EntropyMonitor(MonitorCallback):
         # healthy async judge-credit run jumped 7x from one step to the next (benchmarks/monitors_eval.py).
         default_key = EntropyMonitorConfig().kl_metric
         self._reference_kl = async_max_staleness(args) is None or self.config.kl_metric != default_key
+        if self.config.kl_max_patience is None:  # every log of one generation batch, and one of the next
+            cycle = generation_cycle_steps(args) or 1
+            self._kl_max_patience = math.ceil(cycle / logging_interval(args, state)) + 1
+
+    def _rule_kwargs(self, rule: Rule) -> dict[str, Any]:
+        return {"max_patience": self._kl_max_patience} if rule is kl_spike else {}
 
     def _check(self, logs: Mapping[str, Any], step: int) -> list[tuple[Finding, str]]:
         if not self._reference_kl and self.config.kl_metric in logs:

@@ -71,19 +71,22 @@ def clip_rate_stuck_zero(
 
 
 def clip_rate_drop(
-    values: Values, steps: Steps, config: ClipRateMonitorConfig, memory: Memory | None = None
+    values: Values, steps: Steps, config: ClipRateMonitorConfig, memory: Memory | None = None, floor: bool = True
 ) -> RuleResult:
     """A sudden drop from an established level: the generator and trainer changed how they score tokens.
 
     Fires at an observation below ``config.drop_factor`` (0.25) × the median of the previous ``config.window``
     (10) observations, when at least ``config.min_history`` (5) of them exist and that median is in the band
-    (``>= config.healthy_min``). Facts: ``reference`` (the median).
+    (``>= config.healthy_min``), and only on a metric with a ``floor`` (`trl_ext.losses.LossSpec.
+    trust_region_floor`: not IPO's masked ratio, whose healthy state is 0, and which a healthy judge-credit run took
+    from 1-3 % to 0 within two steps). Facts: ``reference`` (the median).
     """
     history = list((memory or {}).get("history", []))
     findings = []
     for step, x in zip(steps, values):
         reference = rolling_reference(history, config.window, config.min_history)
-        if reference is not None and reference >= config.healthy_min and x < config.drop_factor * reference:
+        dropped = reference is not None and reference >= config.healthy_min and x < config.drop_factor * reference
+        if floor and dropped:
             findings.append(Finding("clip_rate_drop", step, x, facts={"reference": reference}))
         history = append_window(history, x, config.window)
     return RuleResult(findings, {"history": history})
