@@ -17,6 +17,7 @@ from _monitors_workloads import (
     outcome_reward,
     result_of,
     sick_reward,
+    surviving,
 )
 
 from trl_ext.callbacks import default_monitors
@@ -54,19 +55,20 @@ def run(
         tempfile.TemporaryDirectory() as output,
         ScriptedChatServer(judge_script(js, sick, onset), model=JUDGE_MODEL) as server,
     ):
-        trainer = train_rl(
-            fresh_copy(model),
-            tokenizer,
-            rl_set,
-            js,
-            judge_lambda,
-            Path(output),
-            server.base_url,
-            monitors=[*monitors, onset],
-            reward_funcs=[outcome_reward(onset, sick.reward), copy_digit_accuracy_reward],
-            config_overrides=overrides,
-        )
-    return result_of("judge-credit", js.seed, sick, onset, trainer, monitors, started, logs_dir)
+        with surviving(onset):
+            train_rl(
+                fresh_copy(model),
+                tokenizer,
+                rl_set,
+                js,
+                judge_lambda,
+                Path(output),
+                server.base_url,
+                monitors=[*monitors, onset],
+                reward_funcs=[outcome_reward(onset, sick.reward), copy_digit_accuracy_reward],
+                config_overrides=overrides,
+            )
+    return result_of("judge-credit", js.seed, sick, onset, monitors, started, logs_dir)
 
 
 def sft_policy(seed: int, cache_dir: str | None) -> tuple[JudgeCreditSettings, tuple[Any, Any, Any]]:
@@ -210,8 +212,9 @@ def run_async(
         if sick.ungated:  # the worker samples as far ahead as its (unbounded) queue allows
             onset.hooks.append(lambda: setattr(trainer.rollout_worker.staleness, "max_staleness", None))
         quiet_progress(trainer)
-        trainer.train()
-    return result_of("async", js.seed, sick, onset, trainer, monitors, started, logs_dir)
+        with surviving(onset):
+            trainer.train()
+    return result_of("async", js.seed, sick, onset, monitors, started, logs_dir)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -278,8 +281,9 @@ def run_stepwise(
             callbacks=[*monitors, onset],
         )
         quiet_progress(trainer)
-        trainer.train()
-    return result_of("stepwise", settings.seed, sick, onset, trainer, monitors, started, logs_dir)
+        with surviving(onset):
+            trainer.train()
+    return result_of("stepwise", settings.seed, sick, onset, monitors, started, logs_dir)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -288,8 +292,8 @@ def run_stepwise(
 def run_rlmt(
     seed: int, steps: int, onset_step: int, pathology: Pathology | None, logs_dir: str | None = None
 ) -> dict[str, Any]:
-    """One run of the RLMT miniature (its policy, reward model, prompts and settings, ``steps`` steps) with
-    ``seed`` (``pathology`` None: healthy); its record (`result_of`)."""
+    """One run of the RLMT miniature (its policy, reward model, prompts and settings, ``steps`` steps, a KL term of
+    β = `KL_BETA`) with ``seed`` (``pathology`` None: healthy); its record (`result_of`)."""
     from datasets import Dataset
 
     from trl_ext.quickstart import QuickstartSettings
@@ -312,9 +316,11 @@ def run_rlmt(
     with tempfile.TemporaryDirectory() as output:
         kwargs = miniature_run_kwargs(Path(output), settings, fast=False, progress=False)
         kwargs |= {"max_steps": steps, "learning_rate": kwargs["learning_rate"] * sick.learning_rate_x}
-        config = RLMTConfig(
-            **{**kwargs, "max_completion_length": 24, "loss_type": "ipo", "strict_format": False, **sick.config}
-        )
+        # β = KL_BETA, not the miniature's 0.001: unanchored, its KL drifts past 1 nat/token within 24 steps (0.5 ->
+        # 1.8 on seed 0), where the miniature's own 8 steps end near 0.8
+        fields = {"max_completion_length": 24, "loss_type": "ipo", "strict_format": False, "beta": KL_BETA}
+        config = RLMTConfig(**{**kwargs, **fields, **sick.config})
         reward = sick_reward(scorer, onset, sick.reward, name="reward_model")
-        trainer = train_miniature(RLMTTrainer, policy, reward, config, dataset, tokenizer, [*monitors, onset])
-    return result_of("rlmt", seed, sick, onset, trainer, monitors, started, logs_dir)
+        with surviving(onset):
+            train_miniature(RLMTTrainer, policy, reward, config, dataset, tokenizer, [*monitors, onset])
+    return result_of("rlmt", seed, sick, onset, monitors, started, logs_dir)

@@ -3,11 +3,12 @@ they are switched on mid-run, and a finished run's record."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,12 @@ class Onset(TrainerCallback):
         self.onset, self.learning_rate_x, self.on = onset, learning_rate_x, False
         self.slow_step_s, self.stop_after = slow_step_s, stop_after
         self.hooks: list[Callable[[], None]] = []
+        self.args: Any = None  # the run's arguments and state (`on_train_begin`), for its record
+        self.state: Any = None
+        self.error: str | None = None  # `surviving`: the error that ended the run
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.args, self.state = args, state
 
     def on_step_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
         if not self.on and state.global_step + 1 >= self.onset:
@@ -190,31 +197,43 @@ def onset_for(sick: Pathology, onset_step: int, stop_after: int | None = None) -
     return Onset(onset_step if sick.mid_run else 1, sick.onset_learning_rate_x, sick.slow_step_s, stop_after)
 
 
+@contextlib.contextmanager
+def surviving(onset: Onset) -> Iterator[None]:
+    """Run a training run: an exception that ends it (a diverged pathology run: NaN logits, say) is kept on
+    ``onset.error`` and ends the run, not the evaluation; its record keeps the alerts raised until then."""
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - any failure of the run under test is its result
+        onset.error = f"{type(error).__name__}: {error}"
+
+
 def result_of(
     workload: str,
     seed: int,
     sick: Pathology,
     onset: Onset,
-    trainer: Any,
     monitors: Sequence[Any],
     started: float,
     logs_dir: str | None,
 ) -> dict[str, Any]:
-    """A finished run's record (its alerts as (rule, step)); its logs saved under ``logs_dir`` for `replay`."""
+    """A finished (or failed: `surviving`) run's record: its alerts as (rule, step), the step it reached, its error;
+    its logs saved under ``logs_dir`` for `replay`."""
     alerts = sorted((a["rule"], a["step"]) for m in monitors for a in m.alerts)
+    steps = onset.state.global_step if onset.state is not None else 0
     if logs_dir is not None:
         path = Path(logs_dir) / f"{workload}-{sick.name.replace(' ', '_')}-seed{seed}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        run_args = {f: getattr(trainer.args, f) for f in RUN_ARG_FIELDS if hasattr(trainer.args, f)}
+        run_args = {f: getattr(onset.args, f) for f in RUN_ARG_FIELDS if hasattr(onset.args, f)}
         saved = {
             "workload": workload,
             "pathology": sick.name,
             "seed": seed,
             "onset": onset.onset,
-            "steps": trainer.state.global_step,
+            "steps": steps,
+            "error": onset.error,
             "command": " ".join(["python benchmarks/monitors_eval.py", *sys.argv[1:]]),
             "args": run_args | {"logging_steps": 1},
-            "log_history": trainer.state.log_history,
+            "log_history": onset.state.log_history if onset.state is not None else [],
         }
         path.write_text(json.dumps(saved))
     return {
@@ -224,6 +243,7 @@ def result_of(
         "pathology": sick.name,
         "onset": onset.onset,
         "alerts": alerts,
-        "steps": trainer.state.global_step,
+        "steps": steps,
+        "error": onset.error,
         "seconds": time.perf_counter() - started,
     }

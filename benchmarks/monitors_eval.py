@@ -23,7 +23,8 @@ asynchronous run: ``args=`` its config). The workloads (`WORKLOADS`):
   settings its ``trl_ext_run.json`` records: `trl-ext quickstart` output folders, or the ``--workdir`` of
   benchmarks/quickstart_ablations.py, whose folders name the seed and the kernels).
 - **RLMT**: the RLMT miniature (`trl_ext.quickstart.rlmt`: `RLMTTrainer`, an untrained tiny policy, the tiny reward
-  model scoring the response, IPO, LoRA, β = 0.001, each batch used twice), ``--rlmt-steps`` steps instead of its 8.
+  model scoring the response, IPO, LoRA, each batch used twice), ``--rlmt-steps`` steps instead of its 8 and β = 0.04
+  instead of its 0.001 (unanchored, its KL drifts past 1 nat per token within 24 steps).
 - **async**: the judge-credit miniature trained asynchronously: `AsyncJudgeCreditTrainer` from the same SFT policy
   (saved to disk), sampling with a `LocalPolicy` (an in-process sampling copy synced every step, no vLLM server),
   ``max_staleness`` 1, each sample trained once, no KL term, ``--async-steps`` steps.
@@ -136,6 +137,7 @@ def replayed_record(path: Path) -> dict[str, Any]:
         "pathology": saved["pathology"],
         "onset": saved["onset"],
         "steps": saved["steps"],
+        "error": saved.get("error"),
         "command": saved["command"],
         "alerts": replay_history(saved["log_history"], saved["args"]),
     }
@@ -259,12 +261,15 @@ def summarize(rows: Sequence[Mapping[str, Any]], within: int = CAUGHT_WITHIN) ->
 
 
 def run_label(row: Mapping[str, Any]) -> str:
-    """A row's run column: ``healthy, seed 0``, ``healthy, <folder> (replayed; <settings>)`` or the pathology."""
-    if healthy(row):
-        if row.get("replayed"):
-            return f"healthy, `{row['run']}` (replayed; {row.get('settings', 'settings not recorded')})"
-        return f"healthy, {row['run']}"
-    return f"{row['pathology']}, {row['run']}"
+    """A row's run column: ``healthy, seed 0``, ``healthy, <folder> (replayed; <settings>)`` or the pathology, and
+    the error that ended a failed run."""
+    if healthy(row) and row.get("replayed"):
+        label = f"healthy, `{row['run']}` (replayed; {row.get('settings', 'settings not recorded')})"
+    else:
+        label = f"{row['pathology']}, {row['run']}"
+    if row.get("error"):
+        label += f" (the run failed at step {row['steps'] + 1}: {row['error'][:90]})"
+    return label
 
 
 def render(rows: Sequence[Mapping[str, Any]], commands: Sequence[str]) -> str:
@@ -332,7 +337,7 @@ WORKLOAD_TEXT = {
     "StepwiseRLMTrainer with the default settings: IPO, β = 0.2, LoRA, each generation batch used for 4 steps); "
     "pathology runs stop before the default run's end",
     "rlmt": "the RLMT miniature (untrained tiny policy, tiny reward model scoring the response, RLMTTrainer, IPO, "
-    "LoRA, β = 0.001, each batch used twice)",
+    f"LoRA, each batch used twice) with β = {KL_BETA} instead of its 0.001",
     "async": "the judge-credit miniature's SFT policy trained by AsyncJudgeCreditTrainer (IPO, LoRA, max_staleness "
     f"{ASYNC_MAX_STALENESS}, each sample trained once, no KL term), sampling with a LocalPolicy (in-process, synced "
     "every step)",
