@@ -22,7 +22,14 @@ from _monitors_workloads import (
 
 from trl_ext.callbacks import default_monitors
 from trl_ext.quickstart.copy_task import copy_digit_accuracy_reward, copy_task_splits
-from trl_ext.quickstart.judge_credit import JUDGE_MODEL, JudgeCreditSettings, build_policy, sft_copy_policy, train_rl
+from trl_ext.quickstart.judge_credit import (
+    JUDGE_MODEL,
+    JudgeCreditSettings,
+    build_policy,
+    scripted_judge_kwargs,
+    sft_copy_policy,
+    train_rl,
+)
 from trl_ext.quickstart.scripted_server import ScriptedChatServer
 from trl_ext.quickstart.training import fresh_copy, quiet_progress
 
@@ -115,15 +122,7 @@ def async_config(js: JudgeCreditSettings, output: Path, base_url: str, steps: in
         queue_maxsize=0,  # unbounded: the worker's staleness gate bounds how far ahead it samples
         max_completion_length=js.digits + 2,
         temperature=js.temperature,
-        judge_base_url=base_url,
-        judge_model=JUDGE_MODEL,
-        judge_tools=[],
-        judge_max_tool_rounds=0,
-        judge_max_retries=0,
-        judge_timeout=10.0,
-        judge_lambda=js.judge_lambda if sick.judge_lambda is None else sick.judge_lambda,
-        judge_verdict_reward="copy_exact_match_reward",
-        marker_every=js.marker_every,
+        **scripted_judge_kwargs(js, base_url, js.judge_lambda if sick.judge_lambda is None else sick.judge_lambda),
         heartbeat_stale_after_s=600.0,
     )
     return AsyncJudgeCreditConfig(**{**kwargs, **sick.config})
@@ -224,12 +223,13 @@ def stepwise_start(seed: int, folder: Path) -> tuple[Any, Any]:
     """The quickstart's default settings for ``seed`` and its cold start in ``folder`` (data, scripted teacher,
     cold-start SFT; the SFT-only evaluation cut to one task, which RL does not use). Reused when ``folder`` already
     holds the SFT model."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from trl_ext.quickstart import QuickstartSettings
     from trl_ext.quickstart.stepwise import SFT_MODEL_DIR, ColdStart, cold_start
     from trl_ext.quickstart.toy_task import make_toy_dataset
     from trl_ext.sft import split_cold_start
+    from trl_ext.testing import build_tiny_tokenizer
 
     settings = QuickstartSettings.default(seed)
     sft_dir = folder / SFT_MODEL_DIR
@@ -238,7 +238,9 @@ def stepwise_start(seed: int, folder: Path) -> tuple[Any, Any]:
         _, rl_split = split_cold_start(dataset, n=settings.num_sft_examples, seed=seed)
         model = AutoModelForCausalLM.from_pretrained(sft_dir).eval()
         model.config._name_or_path = str(sft_dir)
-        tokenizer = AutoTokenizer.from_pretrained(sft_dir)
+        # Built again in code, not loaded: from a Qwen2 model's folder transformers loads a Qwen2Tokenizer, which
+        # splits digits apart and gives other ids than the tokenizer the policy was trained with (every reward 0).
+        tokenizer = build_tiny_tokenizer()
         return settings, ColdStart(model, tokenizer, sft_dir, rl_split, None, None, 0, 0)
     folder.mkdir(parents=True, exist_ok=True)
     brief = dataclasses.replace(settings, num_eval_examples=1, eval_samples=1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -231,7 +232,7 @@ def result_of(
             "onset": onset.onset,
             "steps": steps,
             "error": onset.error,
-            "command": " ".join(["python benchmarks/monitors_eval.py", *sys.argv[1:]]),
+            "command": shlex.join(["python", "benchmarks/monitors_eval.py", *sys.argv[1:]]),
             "args": run_args | {"logging_steps": 1},
             "log_history": onset.state.log_history if onset.state is not None else [],
         }

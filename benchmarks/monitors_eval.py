@@ -55,6 +55,7 @@ import dataclasses
 import json
 import logging
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -334,8 +335,8 @@ WORKLOAD_TEXT = {
     "judge-credit": "the judge-credit miniature (tiny Qwen2 after cold-start SFT on digit copying, JudgeCreditTrainer, "
     f"IPO, LoRA, each batch used twice, a scripted span judge on 127.0.0.1, β = {KL_BETA})",
     "stepwise": "the default quickstart's RL stage (toy delegation task, scripted teacher, cold-start SFT, "
-    "StepwiseRLMTrainer with the default settings: IPO, β = 0.2, LoRA, each generation batch used for 4 steps); "
-    "pathology runs stop before the default run's end",
+    "StepwiseRLMTrainer with the default settings: IPO, β = 0.2, LoRA, each generation batch used for 4 steps, "
+    "28 steps)",
     "rlmt": "the RLMT miniature (untrained tiny policy, tiny reward model scoring the response, RLMTTrainer, IPO, "
     f"LoRA, each batch used twice) with β = {KL_BETA} instead of its 0.001",
     "async": "the judge-credit miniature's SFT policy trained by AsyncJudgeCreditTrainer (IPO, LoRA, max_staleness "
@@ -371,8 +372,8 @@ def describe(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             )
         if sick:
             parts.append(
-                f"each pathology on seed {_spread(r['seed'] for r in sick)}, {_spread(r['steps'] for r in sick)} steps, "
-                f"onset at step {_spread(r['onset'] for r in sick if r['onset'] > 1)} (step 1 where it is a setting)"
+                f"each pathology on seed {_spread(r['seed'] for r in sick)} ({_spread(r['steps'] for r in sick)} steps, "
+                f"onset at step {_spread(r['onset'] for r in sick if r['onset'] > 1)}, step 1 where it is a setting)"
             )
         paragraphs.append(f"**{WORKLOADS[name].title}**: {WORKLOAD_TEXT[name]}; " + "; ".join(parts) + ".")
     return paragraphs
@@ -421,7 +422,7 @@ def main() -> None:
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("trl_ext").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
-    command = ("python benchmarks/monitors_eval.py " + " ".join(sys.argv[1:])).strip()
+    command = shlex.join(["python", "benchmarks/monitors_eval.py", *sys.argv[1:]])
     if args.replay:  # the saved runs' logs through the current rules, no training
         runs = [replayed_record(path) for path in sorted(Path(args.replay).glob("*.json"))]
         runs += stepwise_log_records(args.stepwise_logs)

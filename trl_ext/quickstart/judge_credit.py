@@ -171,6 +171,23 @@ def evaluate_copy(model: Any, tokenizer: Any, dataset: Any, digits: int, batch_s
 # ----------------------------------------------------------------------------------------------------------------
 # RL
 # ----------------------------------------------------------------------------------------------------------------
+def scripted_judge_kwargs(js: JudgeCreditSettings, base_url: str, judge_lambda: float) -> dict[str, Any]:
+    """The judge fields of a judge-credit config (`JudgeCreditConfig`, `AsyncJudgeCreditConfig`) that asks the
+    miniature's scripted judge at ``base_url``: one request per rollout, no tools, no retries, verdicts on the
+    exact-match reward, credit capped by ``judge_lambda``."""
+    return dict(
+        judge_base_url=base_url,
+        judge_model=JUDGE_MODEL,
+        judge_tools=[],
+        judge_max_tool_rounds=0,
+        judge_max_retries=0,
+        judge_timeout=10.0,
+        judge_lambda=judge_lambda,
+        judge_verdict_reward="copy_exact_match_reward",
+        marker_every=js.marker_every,
+    )
+
+
 def _rl_config(
     output: Path, js: JudgeCreditSettings, judge_lambda: float, base_url: str, progress: bool, **overrides: Any
 ) -> Any:
@@ -187,15 +204,7 @@ def _rl_config(
         num_iterations=js.num_iterations,
         max_completion_length=js.digits + 2,
         temperature=js.temperature,
-        judge_base_url=base_url,
-        judge_model=JUDGE_MODEL,
-        judge_tools=[],
-        judge_max_tool_rounds=0,
-        judge_max_retries=0,
-        judge_timeout=10.0,
-        judge_lambda=judge_lambda,
-        judge_verdict_reward="copy_exact_match_reward",
-        marker_every=js.marker_every,
+        **scripted_judge_kwargs(js, base_url, judge_lambda),
         reward_weights=[1.0, 0.0],  # per-digit accuracy is logged (rewards/...), never trained on
     )
     return JudgeCreditConfig(**{**kwargs, **overrides})
