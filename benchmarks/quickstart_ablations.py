@@ -184,7 +184,6 @@ def table(records: list[dict], command: str) -> str:
             )
     lines.append("")
     arms = list(dict.fromkeys(arm for record in records for arm in record["arms"]))
-    runs = ", ".join(run_name(r) for r in records)
     for arm in [arm for arm in arms if arm != "default"]:
         both = [r for r in records if arm in r["arms"] and "default" in r["arms"]]
         reward = [r["arms"][arm]["after"]["reward"] - r["arms"]["default"]["after"]["reward"] for r in both]
@@ -196,6 +195,7 @@ def table(records: list[dict], command: str) -> str:
             )
     for arm in arms:
         mine = [r["arms"][arm] | {"before": r["before"]} for r in records if arm in r["arms"]]
+        runs = ", ".join(run_name(r) for r in records if arm in r["arms"])
         gains = [m["after"]["reward"] - m["before"]["reward"] for m in mine]
         delegation = [
             m["after"]["strategies"].get("delegate", 0.0) - m["before"]["strategies"].get("delegate", 0.0)

@@ -273,15 +273,15 @@ def test_fast_variants_run_and_report(method, tmp_path):
         assert result.extra["malformed_ratio_mean"] is not None
 
 
-# The bounds the default run must meet on any machine of the CI kind. Measured (benchmarks/RESULTS.md): seeds 0-2
-# with torch's native CPU kernels (benchmarks/quickstart_ablations.py, the default arm) and seeds 0-1 with the
-# portable scalar ones, which round differently as another CPU does (benchmarks/quickstart_spread.py): held-out
-# gain +0.14 to +0.44, children per root +0.42 to +0.83, children answering right +8 to +43 points. Each bound is
+# The bounds the default run must meet on any machine of the CI kind. Measured (benchmarks/RESULTS.md,
+# benchmarks/quickstart_ablations.py, the default arm): seeds 0-2 on three families of CPU kernels (this machine's
+# AVX-512, AVX2 and the portable scalar ones, which round differently as other CPUs do), one torch thread: held-out
+# gain +0.128 to +0.483, children per root +0.39 to +1.02, children answering right +6 to +42 points. Each bound is
 # half the smallest change measured, so a machine that lands elsewhere in that range still passes; the README states
 # the ranges.
-CI_GAIN_BOUND = 0.07  # held-out reward, after RL minus SFT only
-CI_CHILDREN_GAIN_BOUND = 0.2  # children per root, after RL minus SFT only
-CI_CHILD_CORRECT_BOUND = 0.04  # share of children answering their part right, after RL minus SFT only
+CI_GAIN_BOUND = 0.06  # held-out reward, after RL minus SFT only
+CI_CHILDREN_GAIN_BOUND = 0.19  # children per root, after RL minus SFT only
+CI_CHILD_CORRECT_BOUND = 0.03  # share of children answering their part right, after RL minus SFT only
 
 
 @pytest.mark.slow
@@ -300,5 +300,6 @@ def test_default_quickstart_learns(tmp_path):
     assert after.reward - before.reward >= CI_GAIN_BOUND, (before.reward, after.reward)
     assert after.children_mean - before.children_mean >= CI_CHILDREN_GAIN_BOUND, (before, after)
     assert after.child_correct_rate - before.child_correct_rate >= CI_CHILD_CORRECT_BOUND, (before, after)
-    # the run the README calls healthy raises no monitor alert (issue 31: clip_rate_low fired twice here before)
+    # the run the README calls healthy raises no monitor alert on any kernels measured (issue 40: at a constant
+    # learning rate its last passes over a batch threw the policy off on AVX2 kernels, and kl_spike fired)
     assert {rule: n for rule, n in result.alerts.items() if n} == {}, result.alert_log

@@ -39,7 +39,9 @@ class QuickstartSettings(ScaledSettings):
     Teacher: how often a root delegates, and how often a child computes or takes the shortcut
     (`trl_ext.quickstart.toy_task.ToyTeacher`).
     SFT: epochs, learning rate, batch size (full fine-tuning: the model starts from random weights).
-    RL: optimizer steps, learning rate, ``rl_beta`` (KL to the SFT policy: it keeps the programs intact while the
+    RL: optimizer steps, learning rate and its schedule ``rl_lr_scheduler`` (a transformers ``lr_scheduler_type``;
+    ``"cosine"`` decays it to 0 by the last step: at a constant rate the last passes over a generation batch could
+    throw the policy off, docs/quickstart.md), ``rl_beta`` (KL to the SFT policy: it keeps the programs intact while the
     strategy shifts), prompts per generation × ``num_generations`` rollouts, ``num_iterations`` optimizer steps per
     generation (the later ones are off-policy, where the IPO mask acts), ``rl_micro_batches`` the generation batch is
     split into (gradient accumulation: the same optimizer step, a fraction of the activation memory), LoRA
@@ -64,7 +66,7 @@ class QuickstartSettings(ScaledSettings):
     sft_batch_size: int = 8
     rl_steps: int = 28
     rl_learning_rate: float = 1e-3
-    rl_lr_scheduler: str = "constant"
+    rl_lr_scheduler: str = "cosine"
     rl_beta: float = 0.2
     prompts_per_step: int = 4
     num_generations: int = 8
