@@ -310,9 +310,14 @@ def test_trains_two_steps_with_judge_credit(model_dir, tmp_path):
         trainer.train()
     history = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert len(history) == 2 and all(math.isfinite(entry["loss"]) for entry in history)
-    for entry in history:
+    assert all("ipo/masked_ratio" in entry for entry in history)
+    # The worker's per-run metrics reach the steps that logged them: a step whose samples came from a run that had not
+    # reported yet has none (on AVX2 kernels the first step logged no judge metrics).
+    judged = [entry for entry in history if "judge/failure_ratio" in entry]
+    assert judged, history
+    for entry in judged:
         assert entry["judge/failure_ratio"] == 0.0 and entry["judge/share"] > 0, entry
-        assert entry["judge/label/original_error"] >= 1 and "ipo/masked_ratio" in entry
+        assert entry["judge/label/original_error"] >= 1, entry
     assert not any(key.startswith("trl_ext/") for entry in history for key in entry)  # the credit is not logged
     assert any(not torch.equal(before[name], param) for name, param in trainer.model.named_parameters())
     records = [json.loads(line) for line in open(trainer.judge_audit_path)]
