@@ -1071,3 +1071,16 @@ def test_kl_spike_is_idle_on_the_sampler_kl_of_an_async_run():
     custom = [(step, {"ref_kl": kl, "entropy": 1.0}) for step, kl in enumerate(kls, start=1)]
     alerts = feed_steps(EntropyMonitor(kl_metric="ref_kl"), custom, async_args())
     assert [(a.rule, a.step) for a in alerts] == [("kl_spike", 7)]
+
+
+def test_the_kl_rule_called_directly_reads_its_patience_from_the_config():
+    from trl_ext.callbacks.configs import EntropyMonitorConfig
+    from trl_ext.callbacks.rules import kl_spike
+
+    config = EntropyMonitorConfig(kl_spike_factor=None, kl_max_patience=3)
+    result = kl_spike([1.5, 1.5, 1.5], [1, 2, 3], config)
+    assert [finding.step for finding in result.findings] == [3]
+    assert [f.step for f in kl_spike([1.5, 1.5], [1, 2], EntropyMonitorConfig(kl_spike_factor=None)).findings] == [
+        1,
+        2,
+    ]

@@ -252,16 +252,16 @@ class EntropyMonitor(MonitorCallback):
           ``baseline_logs`` logs) (`entropy_collapse`).
         - ``kl_spike``: ``kl`` above ``kl_max`` for ``kl_max_patience`` logs (by default, more than one generation
           batch's), or above ``kl_spike_factor`` × its largest value over the last ``kl_window`` logs (at least
-          ``kl_min_history`` of them) while also above ``kl_spike_min`` (`kl_spike`). ``kl`` is only logged when ``beta > 0``; otherwise the rule is idle. In an asynchronous
-          run (its arguments have ``max_staleness``) the rule is idle on the default ``kl`` key: TRL's
-          asynchronous trainer has no KL term and logs under ``kl`` the k3 estimate between the trained policy and
-          the sampler, a staleness figure that swings from batch to batch, not a distance to the reference.
+          ``kl_min_history`` of them) while also above ``kl_spike_min`` (`kl_spike`). ``kl`` is only logged when
+          ``beta > 0``; otherwise the rule is idle. In an asynchronous run (its arguments have ``max_staleness``) the
+          rule is idle on the default ``kl`` key: TRL's asynchronous trainer has no KL term and logs under ``kl`` the
+          k3 estimate between the trained policy and the sampler, a staleness figure that swings from batch to
+          batch, not a distance to the reference.
 
     Args:
         config: an `EntropyMonitorConfig` (``entropy_floor``, ``floor_patience``, ``max_drop``, ``baseline_logs``,
             ``smoothing``, ``kl_max``, ``kl_max_patience``, ``kl_spike_factor``, ``kl_spike_min``, ``kl_window``,
-            ``kl_min_history``,
-            ``entropy_metric``, ``kl_metric``), or its fields as keywords.
+            ``kl_min_history``, ``entropy_metric``, ``kl_metric``), or its fields as keywords.
         action, actions, start_step, rearm_after: see `MonitorCallback`.
     """
 

@@ -58,7 +58,11 @@ def entropy_collapse(
 
 
 def kl_spike(
-    values: Values, steps: Steps, config: EntropyMonitorConfig, memory: Memory | None = None, max_patience: int = 1
+    values: Values,
+    steps: Steps,
+    config: EntropyMonitorConfig,
+    memory: Memory | None = None,
+    max_patience: int | None = None,
 ) -> RuleResult:
     """The KL to the reference jumped: the policy moved abruptly away from the reference model.
 
@@ -75,6 +79,8 @@ def kl_spike(
     threshold needs ``max_patience`` logs (`EntropyMonitor`: more than one generation batch): the KL of one batch is
     heavy-tailed, and healthy judge-credit runs logged 1.19-1.36 on one batch and 0.02-0.41 on the next.
     """
+    if max_patience is None:  # `EntropyMonitor` passes the one it derives from the generation cycle
+        max_patience = config.kl_max_patience or 1
     history = list((memory or {}).get("history", []))
     streak = int((memory or {}).get("above_max", 0))
     findings = []
