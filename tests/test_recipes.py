@@ -825,6 +825,62 @@ def test_what_the_async_trainer_cannot_take_is_refused_before_loading(tmp_path, 
         build_trainer(recipe, **build)
 
 
+def test_an_async_recipe_that_names_no_server_is_refused_before_loading(tmp_path, capsys):
+    """Without `vllm_server_base_url` the trainer would wait 240 s for TRL's default, http://localhost:8000: the
+    recipe is refused before anything loads (its model folder does not even exist), naming the key to add and the
+    `vllm serve` command of docs/async.md for its model, LoRA rank and max_staleness."""
+    from trl_ext.cli import main
+
+    fields = yaml.safe_load(async_recipe(tmp_path, max_staleness=2).read_text())
+    fields.pop("vllm_server_base_url")
+    path = write_recipe(tmp_path / "async.yaml", **fields)
+    with pytest.raises(RecipeError) as caught:
+        build_trainer(parse_recipe(path))
+    message = str(caught.value)
+    assert message.startswith(f"{path}: asynchronous: true, but no vLLM server is named."), message
+    assert "add its address to the recipe, `vllm_server_base_url: http://127.0.0.1:8000`" in message
+    assert "`--vllm_server_base_url http://HOST:PORT`" in message and "docs/async.md" in message
+    assert (
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 VLLM_SERVER_DEV_MODE=1 vllm serve "
+        f"{tmp_path / 'model'} --port 8000 --enable-lora --max-lora-rank 4 --max-loras 4"
+    ) in message
+    assert "would wait vllm_server_timeout=240 s for TRL's default, http://localhost:8000" in message
+    assert main(["train", str(path)]) == 2 and "no vLLM server is named" in capsys.readouterr().err
+    full_weights = write_recipe(tmp_path / "full.yaml", **{**fields, "use_peft": False})
+    with pytest.raises(RecipeError, match=r"VLLM_SERVER_DEV_MODE=1 vllm serve \S+ --port 8000\n"):
+        build_trainer(parse_recipe(full_weights))
+
+    # named on the command line, or a sampler without a server (LocalPolicy): past this check, to the next one
+    with pytest.raises(RecipeError, match="model_name_or_path=.*no such folder"):
+        build_trainer(parse_recipe(path, ["--vllm_server_base_url", "http://127.0.0.1:8123"]))
+
+    class NoServer:  # what `trl_ext.trainers.LocalPolicy` says of itself
+        uses_server = False
+
+    with pytest.raises(RecipeError, match="model_name_or_path=.*no such folder"):
+        build_trainer(parse_recipe(path), weight_transfer=NoServer())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["--vllm_server_base_url", "127.0.0.1:8000"],
+            r"vllm_server_base_url='127\.0\.0\.1:8000' is not an http:// or https:// URL.*'http://127\.0\.0\.1:8000'",
+        ),
+        (
+            ["--vllm_server_base_url", "http://127.0.0.1:8000/v1"],
+            r"vllm_server_base_url=.* ends in /v1, the OpenAI API",
+        ),
+        (["--max_staleness", "-1"], r"max_staleness=-1: max_staleness is how many policy versions"),
+        (["--queue_maxsize", "-5"], r"queue_maxsize=-5: the bound of the rollout queue"),
+    ],
+)
+def test_bad_async_settings_in_a_recipe_fail_at_parse_time(tmp_path, overrides, message):
+    with pytest.raises(RecipeError, match=f"async.yaml: {message}"):
+        parse_recipe(async_recipe(tmp_path), overrides)
+
+
 def test_run_file_reward_names_come_from_the_recipe_when_the_trainer_keeps_none(tmp_path):
     """TRL's asynchronous trainer keeps its reward functions in the rollout worker: the run file names them from the
     recipe's entries (built-in names resolved); a trainer's own list wins."""

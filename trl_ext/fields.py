@@ -5,17 +5,20 @@
   `EndpointSettings`), so that the setting's default and help text live in the settings class.
 - `documented`: a field with its help text (and the section it is listed under).
 - `document_fields`: a class decorator that writes the ``Parameters:`` section of a config's docstring from those
-  help texts (the Hugging Face docstring layout), so the docstring and ``--help`` never disagree.
+  help texts (the Hugging Face docstring layout), so the docstring and ``--help`` never disagree, and makes an
+  unknown keyword a `TypeError` that names it and the closest field names (`unknown_keywords_message`).
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
 import textwrap
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import MISSING, field, fields
 from typing import Any
 
-__all__ = ["document_fields", "documented", "mirror_field"]
+__all__ = ["document_fields", "documented", "mirror_field", "unknown_keywords_message"]
 
 _SAME = object()
 
@@ -86,7 +89,8 @@ def mirror_field(
 
 def document_fields(cls: type) -> type:
     """Append a ``Parameters:`` section, built from the help texts of the fields ``cls`` itself declares, to its
-    docstring. A field without help text fails here: every field gets its one doc."""
+    docstring, and refuse unknown keywords by name (`refuse_unknown_keywords`). A field without help text fails
+    here: every field gets its one doc."""
     own = [item for item in fields(cls) if item.name in cls.__dict__.get("__annotations__", {})]
     lines = ["", "    Parameters:"]
     section = None
@@ -107,4 +111,41 @@ def document_fields(cls: type) -> type:
         lines += textwrap.wrap(help_text, width=120, initial_indent=" " * 12, subsequent_indent=" " * 12)
     if own:
         cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n" + "\n".join(lines) + "\n"
+    return refuse_unknown_keywords(cls)
+
+
+def refuse_unknown_keywords(cls: type) -> type:
+    """Wrap the dataclass ``__init__`` of ``cls`` so that a keyword that is not one of its fields raises a
+    `TypeError` naming it and the closest field names (``did you mean 'max_staleness'?``), where the plain dataclass
+    error names the keyword only. The signature (``inspect.signature``), the fields and so `HfArgumentParser` /
+    ``--help`` are unchanged; a dataclass subclass gets its own ``__init__`` (wrapped again if it is decorated too)."""
+    init = cls.__dict__.get("__init__")
+    if init is None or getattr(init, "_refuses_unknown_keywords", False):
+        return cls
+    names = frozenset(item.name for item in fields(cls) if item.init)
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        unknown = kwargs.keys() - names
+        if unknown:
+            raise TypeError(unknown_keywords_message(cls.__name__, [key for key in kwargs if key in unknown], names))
+        init(self, *args, **kwargs)
+
+    __init__._refuses_unknown_keywords = True
+    cls.__init__ = __init__
     return cls
+
+
+def unknown_keywords_message(owner: str, unknown: Iterable[str], known: Collection[str]) -> str:
+    """``"<owner>.__init__() got an unexpected keyword argument 'max_stalenes' (did you mean 'max_staleness'?)"``:
+    Python's wording, with the closest of the ``known`` names (`difflib.get_close_matches`) for each."""
+    unknown = list(unknown)
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, known, n=3)
+        if close:
+            hints.append(f"{key!r} (did you mean {' or '.join(repr(name) for name in close)}?)")
+        else:
+            hints.append(f"{key!r} (no field has a similar name; help({owner}) lists them)")
+    plural = "s" if len(unknown) > 1 else ""
+    return f"{owner}.__init__() got {'' if plural else 'an '}unexpected keyword argument{plural} {', '.join(hints)}"

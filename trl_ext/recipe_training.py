@@ -19,7 +19,14 @@ from .run_info import PLOT_FILE, RunInfo, collect_monitor_alerts, config_summary
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_trainer", "check_async_recipe", "recipe_run_info", "reward_names", "train_from_recipe"]
+__all__ = [
+    "build_trainer",
+    "check_async_recipe",
+    "missing_server_advice",
+    "recipe_run_info",
+    "reward_names",
+    "train_from_recipe",
+]
 
 
 def build_trainer(
@@ -51,7 +58,9 @@ def build_trainer(
     script_args, args, model_args = recipe.script_args, recipe.training_args, recipe.model_args
     method = recipe.method
     if recipe.asynchronous:
-        check_async_recipe(recipe, model=model, eval_dataset=eval_dataset)
+        check_async_recipe(
+            recipe, model=model, eval_dataset=eval_dataset, weight_transfer=trainer_kwargs.get("weight_transfer")
+        )
     if model is None:
         if not model_args.model_name_or_path:
             raise RecipeError(f"{recipe.source}: set `model_name_or_path:` (a Hub model id or a local folder).")
@@ -112,18 +121,27 @@ def build_trainer(
     return trainer(model, reward_funcs if reward_funcs else None, **kwargs)
 
 
-def check_async_recipe(recipe: Recipe, *, model: Any = None, eval_dataset: Any = None) -> None:
+def check_async_recipe(
+    recipe: Recipe, *, model: Any = None, eval_dataset: Any = None, weight_transfer: Any = None
+) -> None:
     """Refuse, before anything is loaded, what TRL's asynchronous trainer cannot take; each message names the recipe
     key and the fix (the same recipe trains synchronously without ``asynchronous: true``).
 
     Raises:
-        RecipeError: a model object (it loads the model itself, by name), ``attn_implementation`` (it attends with
-            its own prefix-tree kernel), quantization (``load_in_4bit`` / ``load_in_8bit``), ``reward_models``
-            (its rollout worker scores with reward functions), or evaluation (``eval_strategy`` other than ``no``,
-            or an ``eval_dataset``).
+        RecipeError: no ``vllm_server_base_url`` in the recipe or on the command line (TRL's default,
+            http://localhost:8000, would be waited for ``vllm_server_timeout`` seconds; not asked when
+            ``weight_transfer`` is a sampler without a server, ``uses_server = False``:
+            `trl_ext.trainers.LocalPolicy`), a model object (it loads the model itself, by name), ``attn_implementation`` (it attends with its own
+            prefix-tree kernel), quantization (``load_in_4bit`` / ``load_in_8bit``), ``reward_models`` (its rollout
+            worker scores with reward functions), or evaluation (``eval_strategy`` other than ``no``, or an
+            ``eval_dataset``).
     """
     model_args, args = recipe.model_args, recipe.training_args
     where = f"{recipe.source}: asynchronous: true"
+    # `set_keys` is empty for a `Recipe` built by hand (nothing known of its keys): only a parsed recipe is checked.
+    uses_server = getattr(weight_transfer, "uses_server", True)
+    if recipe.set_keys and "vllm_server_base_url" not in recipe.set_keys and uses_server:
+        raise RecipeError(f"{where}, but no vLLM server is named. {missing_server_advice(recipe)}")
     if model is not None and not isinstance(model, str):
         raise RecipeError(
             f"{where}, but model= is a {type(model).__name__}: TRL's asynchronous trainer loads the model itself, by "
@@ -152,6 +170,29 @@ def check_async_recipe(recipe: Recipe, *, model: Any = None, eval_dataset: Any =
             f"{where}, with evaluation (eval_strategy={evaluation!r}): TRL's "
             "asynchronous trainer takes no eval_dataset. Set `eval_strategy: no`, or train synchronously."
         )
+
+
+def missing_server_advice(recipe: Recipe) -> str:
+    """What to add to an asynchronous recipe that names no server: the ``vllm_server_base_url`` key, and the
+    ``vllm serve`` command of docs/async.md for the recipe's model (LoRA: ``--max-loras`` at least
+    ``max_staleness + 2``; full weights: reloaded from disk, or over NCCL, which needs ``VLLM_SERVER_DEV_MODE=1``)."""
+    args, model_args = recipe.training_args, recipe.model_args
+    model = model_args.model_name_or_path or "MODEL"
+    if model_args.use_peft:
+        command = (
+            f"VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 VLLM_SERVER_DEV_MODE=1 vllm serve {model} --port 8000 --enable-lora "
+            f"--max-lora-rank {model_args.lora_r} --max-loras {getattr(args, 'max_staleness', 2) + 2}"
+        )
+    else:
+        command = f"VLLM_SERVER_DEV_MODE=1 vllm serve {model} --port 8000"
+    timeout = getattr(args, "vllm_server_timeout", 240.0)
+    return (
+        "TRL's asynchronous trainer generates with a running `vllm serve`: start one for the model first, e.g.\n"
+        f"    {command}\n"
+        "then add its address to the recipe, `vllm_server_base_url: http://127.0.0.1:8000` (or pass "
+        "`--vllm_server_base_url http://HOST:PORT`); see docs/async.md. Without it the trainer would wait "
+        f"vllm_server_timeout={timeout:g} s for TRL's default, http://localhost:8000."
+    )
 
 
 def train_from_recipe(recipe: Recipe, **build_kwargs: Any) -> Any:

@@ -70,6 +70,7 @@ class ExtGRPOConfig(LossArguments, GRPOConfig):
 
     def __post_init__(self):
         self._resolve_precision()
+        resolve_checkpointing(self)
         super().__post_init__()
         loss = self.check_loss_arguments()
         if self.prefix_sharing not in PREFIX_SHARING_MODES:
@@ -113,6 +114,23 @@ def resolve_precision(config: Any) -> None:
             "TPU device found, or a GPU older than Ampere): set bf16=False to train in float32 (leaving bf16 "
             "unset does the same on such a machine), or run on a GPU with bf16 support."
         )
+
+
+def resolve_checkpointing(config: Any) -> None:
+    """Carry TRL's activation-checkpointing default over to transformers' current name, so that a config nobody set
+    it on does not warn.
+
+    TRL 1.16 (``trl.trainer.base_config._BaseConfig``) defaults ``gradient_checkpointing`` to True, and transformers 5
+    renamed that field ``activation_checkpointing``, keeping the old name as a deprecated alias: its
+    ``TrainingArguments.__post_init__`` warns "`gradient_checkpointing` is deprecated" whenever the old name is set
+    and the new one is not, so every TRL config warned at construction though nothing was set. Here an unset
+    ``activation_checkpointing`` takes TRL's default (True) while ``gradient_checkpointing`` holds it; the result is
+    the same (checkpointing on, both names True). ``gradient_checkpointing=False`` (the old name, away from TRL's
+    default) is left to transformers, which still warns about the old name and honours it; so is an
+    ``activation_checkpointing`` the caller set.
+    """
+    if getattr(config, "activation_checkpointing", False) is None and config.gradient_checkpointing is True:
+        config.activation_checkpointing = True
 
 
 def bf16_accelerator_available() -> bool:
