@@ -120,6 +120,9 @@ def run_seed(seed: int, kernels: str, arms: list[str], workdir: Path, threads: i
     env.pop("ATEN_CPU_CAPABILITY", None)
     if kernels != NATIVE:
         env["ATEN_CPU_CAPABILITY"] = kernels
+        # torch's compile cache is not keyed on ATEN_CPU_CAPABILITY: a kernel compiled under AVX2 and read back on
+        # AVX-512 gave FlexAttention log-probs 4 nats off (tests/test_packing.py). Each kernel family its own cache.
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tempfile.gettempdir()) / f"trl-ext-inductor-{kernels}")
     name = record_name(seed, kernels)
     command = [sys.executable, __file__, "--worker", str(seed), "--kernels", kernels, "--arms", *arms]
     command += ["--workdir", str(workdir)]

@@ -114,6 +114,9 @@ def run_one(seed: int, threads: int, kernels: str, workdir: Path, shared_cpus: b
     env.pop("ATEN_CPU_CAPABILITY", None)
     if kernels != NATIVE:
         env["ATEN_CPU_CAPABILITY"] = kernels
+        # torch's compile cache is not keyed on ATEN_CPU_CAPABILITY: a kernel compiled under AVX2 and read back on
+        # AVX-512 gave FlexAttention log-probs 4 nats off (tests/test_packing.py). Each kernel family its own cache.
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tempfile.gettempdir()) / f"trl-ext-inductor-{kernels}")
     command = [sys.executable, "-m", "trl_ext.cli", "quickstart", "--no-progress", "--seed", str(seed)]
     command += ["--output-dir", str(output)]
     log = (workdir / f"{name}.log").open("w")
