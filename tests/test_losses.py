@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trl_ext.fields import documented
-from trl_ext.losses import ipo_keep_mask, ipo_loss, sampling_mismatch
+from trl_ext.losses import ipo_keep_mask, ipo_loss, ppo_clip_flags, ppo_clip_loss, sampling_mismatch
 
 # Two rollouts, three completion tokens; the last token of row 1 is padding.
 P = torch.tensor([[0.5, 0.9, 0.1], [0.2, 0.05, 0.6]], dtype=torch.float64)
@@ -183,6 +183,44 @@ def test_ipo_loss_weights_multiply_each_tokens_whole_loss():
     assert ones.item() == plain.item()
     with pytest.raises(ValueError, match=r"weights must be \(B, T\)"):
         ipo_loss(logps, old, ADV, MASK, weights=weights[:, :2])
+
+
+# ---------------------------------------------------------------------------------------------- TRL's PPO-clip loss
+# Six loss tokens, ε_low = 0.2, ε_high = 0.28: clip range [0.8, 1.28].
+RHO = torch.tensor([1.5, 0.5, 1.5, 0.5, 1.0, 2.0], dtype=torch.float64)
+ADV_T = torch.tensor([1.0, -1.0, -1.0, 1.0, 2.0, 0.0], dtype=torch.float64)
+# ρA = [1.5, -0.5, -1.5, 0.5, 2, 0]; clip(ρ)A = [1.28, -0.8, -1.28, 0.8, 2, 0]
+# -min = [-1.28, 0.8, 1.5, -0.5, -2, 0] -> sum -1.48; the first two are clipped (high, low): no gradient there.
+# d(-min)/d log p = -A·ρ where unclipped: [0, 0, 1.5, -0.5, -2, 0]
+
+
+def test_ppo_clip_loss_hand_computed_value_flags_and_gradient():
+    old = torch.tensor([-0.5, -1.0, -2.0, -0.1, -0.7, -3.0], dtype=torch.float64)
+    logps = (old + RHO.log()).requires_grad_(True)
+    loss, flags = ppo_clip_loss(logps, old, ADV_T, epsilon_low=0.2, epsilon_high=0.28)
+    assert loss.item() == pytest.approx(-1.48 / 6)  # divided by the 6 tokens by default
+    assert flags["high"].tolist() == [True, False, False, False, False, False]
+    assert flags["low"].tolist() == [False, True, False, False, False, False]
+    assert flags["region"].tolist() == [True, True, False, False, False, False]
+    assert not any(flag.requires_grad for flag in flags.values())
+    loss.backward()
+    torch.testing.assert_close(logps.grad, torch.tensor([0.0, 0.0, 1.5, -0.5, -2.0, 0.0], dtype=torch.float64) / 6)
+
+    halved, _ = ppo_clip_loss(logps, old, ADV_T, epsilon_low=0.2, epsilon_high=0.28, normalizer=torch.tensor(12.0))
+    assert halved.item() == pytest.approx(-1.48 / 12)
+    with pytest.raises(ValueError, match="one shape"):
+        ppo_clip_loss(logps, old, ADV_T[:5])
+
+
+def test_ppo_clip_flags_are_strict_and_need_the_advantage_sign():
+    ratio = torch.tensor([0.8, 1.28, 0.79, 1.29, 0.5, 2.0], dtype=torch.float64)
+    advantages = torch.tensor([-1.0, 1.0, -1.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    flags = ppo_clip_flags(ratio, advantages, epsilon_low=0.2, epsilon_high=0.28)
+    assert flags["low"].tolist() == [False, False, True, False, False, False]  # on the bound: not clipped
+    assert flags["high"].tolist() == [False, False, False, True, False, False]  # A = 0: never clipped
+    assert flags["region"].tolist() == [False, False, True, True, False, False]
+    with pytest.raises(ValueError, match="one shape"):
+        ppo_clip_flags(ratio, advantages[:2], epsilon_low=0.2, epsilon_high=0.2)
 
 
 def test_loss_registry_names_the_choices():

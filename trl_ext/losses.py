@@ -7,6 +7,10 @@ sign of the advantage. The kept tokens' ratio is capped at C with a stop-gradien
 its gradient is bounded by C times the gradient of log p (the cap comes from the judge blog's runs; prime-rl has
 none).
 
+`ppo_clip_loss` is TRL's asynchronous PPO-clip loss (``AsyncGRPOTrainer``'s ``loss_type="dapo"``) and
+`ppo_clip_flags` the tokens its clipping acts on (TRL's ``clip_ratio/*``), so the asynchronous trainer can compute
+TRL's loss itself and log its clip rate by version lag.
+
 `LOSSES` is the registry of ``loss_type`` values: TRL's own (computed by TRL) and trl-ext's (a pure per-token
 function here). A trainer looks its loss up with `get_loss`; `register_loss` adds one. Each `LossSpec` owns its
 settings (a dataclass such as `IPOSettings`: defaults, help texts, validation), its constraints on a trainer config
@@ -38,6 +42,8 @@ __all__ = [
     "importance_sampling_ratio",
     "ipo_keep_mask",
     "ipo_loss",
+    "ppo_clip_flags",
+    "ppo_clip_loss",
     "register_loss",
     "sampling_mismatch",
     "trust_region_label",
@@ -173,6 +179,65 @@ def ipo_loss(
             "num_tokens": num_tokens.to(torch.float32),
         }
     return loss, metrics
+
+
+def ppo_clip_flags(ratio: Tensor, advantages: Tensor, *, epsilon_low: float, epsilon_high: float) -> dict[str, Tensor]:
+    """The tokens PPO-clip's trust region acts on: TRL's ``clip_ratio/low_mean``, ``high_mean`` and ``region_mean``.
+
+    Args:
+        ratio: ``(...)`` ρ = p / p_old of each token (any shape; ``(M,)`` in the asynchronous trainer).
+        advantages: the advantage of each token, ``ratio``'s shape.
+        epsilon_low, epsilon_high: ε_low and ε_high of the clip range ``[1 − ε_low, 1 + ε_high]``.
+
+    Returns:
+        bool tensors of ``ratio``'s shape, without gradient: ``low`` (ρ < 1 − ε_low and A < 0), ``high``
+        (ρ > 1 + ε_high and A > 0) and ``region`` (either): where the clipped term is the smaller one and its gradient
+        is 0. A token with A = 0 is never counted.
+    """
+    if ratio.shape != advantages.shape:
+        raise ValueError(f"ratio {tuple(ratio.shape)} and advantages {tuple(advantages.shape)} must have one shape.")
+    with torch.no_grad():
+        low = (ratio < 1 - epsilon_low) & (advantages < 0)
+        high = (ratio > 1 + epsilon_high) & (advantages > 0)
+        return {"low": low, "high": high, "region": low | high}
+
+
+def ppo_clip_loss(
+    logps: Tensor,
+    old_logps: Tensor,
+    advantages: Tensor,
+    *,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    normalizer: float | Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """TRL's asynchronous PPO-clip loss (``AsyncGRPOTrainer.compute_loss``, ``loss_type="dapo"``), op for op:
+    ``Σ_t −min(ρ_t·A_t, clip(ρ_t, 1 − ε_low, 1 + ε_high)·A_t) / normalizer`` with ρ = exp(log p − log p_old).
+
+    Args:
+        logps: ``(M,)`` log p of the loss tokens under the current policy (carries the gradient). Any shape works if
+            the three tensors share it; TRL's asynchronous batch gives the flat ``(M,)`` selection, no padding.
+        old_logps: ``(M,)`` log p_old: the sampler's log-probs.
+        advantages: ``(M,)`` each token's advantage (per-sample loss weights folded in as ``w·A``: exact for w >= 0).
+        epsilon_low, epsilon_high: the clip range ``[1 − ε_low, 1 + ε_high]`` (TRL's ``epsilon`` and
+            ``epsilon_high``).
+        normalizer: the summed loss is divided by it; default the number of tokens (at least 1). TRL divides by the
+            loss tokens per rank and then, outside this function, by the accumulation steps.
+
+    Returns:
+        ``(loss, flags)``: the 0-dim loss and `ppo_clip_flags` of ρ (``low``, ``high``, ``region``: ``(M,)`` bool).
+    """
+    if logps.shape != old_logps.shape or logps.shape != advantages.shape:
+        raise ValueError(
+            f"logps, old_logps and advantages must have one shape; got {tuple(logps.shape)}, "
+            f"{tuple(old_logps.shape)} and {tuple(advantages.shape)}."
+        )
+    ratio = torch.exp(logps - old_logps)
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    per_token_loss = -torch.min(ratio * advantages, clipped * advantages)
+    denominator = max(logps.numel(), 1) if normalizer is None else normalizer
+    loss = per_token_loss.sum() / denominator
+    return loss, ppo_clip_flags(ratio, advantages, epsilon_low=epsilon_low, epsilon_high=epsilon_high)
 
 
 def importance_sampling_ratio(

@@ -133,17 +133,19 @@ def test_rlm_worker_that_hangs_ends_training_after_the_heartbeat_limit(model_dir
 # ----------------------------------------------------------------------------------------------------------------
 def test_stale_samples_are_dropped_and_counted_exactly(plain_model_dir, tmp_path):  # noqa: F811
     # The cold sync at the start publishes version 1. Staleness is judged when a sample leaves the queue, and the
-    # dataloader fetches one micro-batch ahead: samples 0-3 (step 1) and 4-7 (step 2) leave it under version 1,
-    # before step 1's sync; the next micro-batch is fetched under version 2, so under max_staleness=0 samples 8-11
-    # (version 1) are dropped and 12-15 (version 2) are taken.
+    # loader reads on demand (`OnDemandLoader`): samples 0-3 leave it for step 1 under version 1; step 1's sync
+    # publishes version 2 before step 2 fetches, so under max_staleness=0 samples 4-11 (version 1) are dropped and
+    # 12-15 (version 2) are trained. (Accelerate's look-ahead would have fetched 4-7 before the sync and trained them
+    # one version old.)
     samples = rollout_samples(16)
     for index, sample in enumerate(samples):
         sample.model_version = 1 if index < 12 else 2
     trainer, worker = build_trainer(plain_model_dir, tmp_path, samples=samples, max_staleness=0)
     assert train_within(trainer) is None
     assert trainer.state.global_step == 2 and worker.rollout_buffer.empty()
-    assert sum(logged(trainer, "sample/dropped_stale_total")) == 4.0
+    assert sum(logged(trainer, "sample/dropped_stale_total")) == 8.0
     assert logged(trainer, "sample/staleness_max") == [0.0, 0.0]
+    assert not logged(trainer, "sample/dropped_stale_tokens_total")  # nothing older reached the loss
 
 
 def test_rlm_worker_running_ahead_has_its_stale_samples_dropped(model_dir, tmp_path):  # noqa: F811

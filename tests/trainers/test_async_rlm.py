@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl.experimental.async_grpo.packing import TreeRow
 
 from trl_ext.rlm import RLMScaffoldConfig, ScriptedGenerator
@@ -51,7 +51,9 @@ def make_trainer(model_dir, output_dir, generator=None, reward_funcs=yes_reward,
         logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, seed=0, gradient_checkpointing=False,
     )  # fmt: skip
     settings.update(overrides)
-    trainer = AsyncStepwiseRLMTrainer(
+    if generator is None:  # given at construction: a trainer without one would sample from (and probe) vllm serve
+        generator = VariantGenerator(AutoTokenizer.from_pretrained(str(model_dir)))
+    return AsyncStepwiseRLMTrainer(
         str(model_dir),
         reward_funcs,
         args=AsyncStepwiseRLMConfig(**settings),
@@ -59,9 +61,6 @@ def make_trainer(model_dir, output_dir, generator=None, reward_funcs=yes_reward,
         generator=generator,
         weight_transfer=NoWeightSync(),
     )
-    if generator is None:
-        trainer.rollout_worker.generator = VariantGenerator(trainer.processing_class)
-    return trainer
 
 
 def collate(samples) -> dict[str, torch.Tensor]:
@@ -145,7 +144,7 @@ def test_loss_of_whole_trees_equals_direct_subtree_objective(model_dir, tmp_path
     assert abs(objective.item()) > 1e-3
     assert loss.item() == pytest.approx(objective.item(), rel=1e-4)
     if loss_type == "dapo":
-        assert 0.0 < trainer._metrics["train"]["clip_ratio/region_mean"][-1] < 1.0
+        assert 0.0 < trainer._metrics[trainer.mode]["clip_ratio/region_mean"][-1] < 1.0
 
 
 def test_token_normalisation_trains_turns_as_ordinary_samples(model_dir, tmp_path):

@@ -230,6 +230,8 @@ class TransformersGenerator:
             "max_new_tokens": settings.max_new_tokens,
             "pad_token_id": self.pad_token_id,
             "eos_token_id": sorted(self.eos_token_ids),
+            "output_scores": True,  # the processed scores give the log-probs (in the config: transformers deprecates
+            "return_dict_in_generate": True,  # passing them next to a generation_config)
         }
         if settings.temperature == 0:
             params["do_sample"] = False
@@ -272,8 +274,6 @@ class TransformersGenerator:
                     input_ids=input_ids.to(device),
                     attention_mask=attention_mask.to(device),
                     generation_config=self._generation_config(),
-                    output_scores=True,
-                    return_dict_in_generate=True,
                 )
         finally:
             self.model.train(was_training)

@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 
 from .async_worker import callable_reward_funcs, groups_per_run, install_served_generator
 from .ext_async_grpo import ExtAsyncGRPOTrainer
+from .local_policy import pair_local_policy
 
 __all__ = ["AsyncMethodTrainer"]
 
@@ -24,9 +25,9 @@ __all__ = ["AsyncMethodTrainer"]
 class AsyncMethodTrainer(ExtAsyncGRPOTrainer):
     """`ExtAsyncGRPOTrainer` with a trl-ext method's own rollout worker: the construction the method trainers share.
 
-    Arguments as `ExtAsyncGRPOTrainer`'s, plus ``generator`` (a `trl_ext.rlm.Generator` the worker samples with
-    instead of the served policy; tests use a scripted one) and ``rollout_worker`` (a worker to use instead of the
-    method's). Construction, in order: ``args`` checked (`config_class`; ``None`` gets the default config when the
+    Arguments as `ExtAsyncGRPOTrainer`'s (``generator``: a `trl_ext.rlm.Generator` the method's worker samples with
+    instead of the served policy, e.g. `LocalPolicy`; tests use a scripted one), plus ``rollout_worker`` (a worker to
+    use instead of the method's). Construction, in order: ``args`` checked (`config_class`; ``None`` gets the default config when the
     method has one), TRL's ``tools`` / ``environment_factory`` refused (`tools_error`), the ``prompt`` column checked
     (`dataset_error`), `method_inputs`, `set_up_method`, the tokenizer (``AutoTokenizer`` of ``model`` unless
     ``processing_class`` is given), `build_rollout_worker` (unless ``rollout_worker`` is given), TRL's
@@ -67,6 +68,7 @@ class AsyncMethodTrainer(ExtAsyncGRPOTrainer):
                     raise ValueError(self.tools_error.format(name=name))
         if train_dataset is None or "prompt" not in (getattr(train_dataset, "column_names", None) or []):
             raise ValueError(self.dataset_error)
+        generator, kwargs["weight_transfer"] = pair_local_policy(generator, kwargs.get("weight_transfer"))
         train_dataset, funcs = self.method_inputs(args, train_dataset, reward_funcs, rollout_worker, kwargs)
         self.set_up_method(args)
         if processing_class is None:
@@ -94,6 +96,7 @@ class AsyncMethodTrainer(ExtAsyncGRPOTrainer):
             train_dataset=train_dataset,
             processing_class=processing_class,
             rollout_worker=rollout_worker,
+            generator=generator,
             **kwargs,
         )
         install_served_generator(self, generator, **self.served_generator_options())

@@ -374,11 +374,14 @@ def reward_table(
 def group_metrics(
     index: int, reward: float, reward_std: float, names: Sequence[str], per_func: Sequence[Sequence[float]]
 ) -> dict[str, float]:
-    """The metrics every sample of rollout ``index`` carries: ``reward``, ``reward_std`` (the group's) and
-    ``rewards/<function>`` from the ``(functions, G)`` table ``per_func``."""
+    """The metrics every sample of rollout ``index`` carries: ``reward``, ``reward_std`` (the group's),
+    ``frac_reward_zero_std`` (1 when the group's rewards are all equal: averaged over the samples, the share of the
+    samples that carry no outcome advantage, `GRPOTrainer`'s metric of the same name, which the monitors'
+    ``reward_no_signal`` reads) and ``rewards/<function>`` from the ``(functions, G)`` table ``per_func``."""
     return {
         "reward": reward,
         "reward_std": reward_std,
+        "frac_reward_zero_std": float(abs(reward_std) <= 1e-8),  # as GRPOTrainer: torch.isclose(std, 0)
         **{f"rewards/{name}": values[index] for name, values in zip(names, per_func)},
     }
 

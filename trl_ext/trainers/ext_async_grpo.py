@@ -2,28 +2,49 @@
 
 TRL's `AsyncGRPOTrainer` generates in a spawned rollout worker against ``vllm serve`` while it trains, drops
 samples more than ``max_staleness`` policy versions old, takes the sampler's per-token log-probs as p_old and packs
-each micro-batch into one prefix tree. Its loss is PPO-clip normalised by the window's tokens (``loss_type="dapo"``,
-left untouched). For a loss trl-ext computes (``"ipo"``, or one registered with a ``compute`` function), this
-trainer runs TRL's forward as TRL does (`AsyncSeam.tree_forward`) and hands the flat loss tokens, as ``(1, M)``
-tensors, to the loss's pure function with TRL's normaliser. The TRL internals this needs are reached in one place,
-`trl_ext.trainers.async_seam`, which also makes the trainer run on the CPU.
+each micro-batch into one prefix tree. Its loss is PPO-clip normalised by the window's tokens (``loss_type="dapo"``):
+trl-ext computes it op for op as TRL does (`trl_ext.losses.ppo_clip_loss`: the same loss, gradients and metrics,
+tested), so that it can also log the clip rate by version lag. For a loss trl-ext computes (``"ipo"``, or one
+registered with a ``compute`` function), this trainer runs TRL's forward as TRL does (`AsyncSeam.tree_forward`) and
+hands the flat loss tokens, as ``(1, M)`` tensors, to the loss's pure function with TRL's normaliser. Given a
+``generator=`` (`LocalPolicy`, no server) it samples plain GRPO groups with trl-ext's `GroupRolloutWorker`. The loss
+never trains a token more than ``max_staleness`` versions old (`AsyncSeam.drop_stale_tokens`, `OnDemandLoader`).
+The TRL internals this needs are reached in one place, `trl_ext.trainers.async_seam`, which also makes the trainer
+run on the CPU.
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 from typing import Any
 
 import torch
 from accelerate import PartialState
 from torch import Tensor
+from transformers import AutoTokenizer
+from trl.experimental.async_grpo import AsyncGRPOTrainer
+from trl.trainer.utils import nanmax, nanmin
 
-from ..losses import LossSpec, get_loss
+from ..fields import unknown_keywords_message
+from ..losses import LossSpec, get_loss, ppo_clip_loss
 from ..methods import METHODS
 from .async_faults import watch_server
-from .async_seam import AsyncSeam, TreeForward, fold_loss_weights, loss_weight_collator
-from .async_worker import ThreadedRolloutWorker
+from .async_seam import LOSS_WEIGHTS_KEY, AsyncSeam, TreeForward, fold_loss_weights, loss_weight_collator
+from .async_worker import ThreadedRolloutWorker, callable_reward_funcs, groups_per_run
 from .ext_async_grpo_config import ExtAsyncGRPOConfig
+from .group_worker import GroupRolloutWorker
+from .learning_signal import LearningSignalWatch
+from .local_policy import LocalPolicy, pair_local_policy
+from .server_probe import FAIL_FAST_PREFIXES, probe_server
 from .weight_sync import choose_weight_transfer
+
+logger = logging.getLogger(__name__)
+
+# The keywords a trainer takes besides model, reward_funcs, args, train_dataset and processing_class: TRL's, and
+# trl-ext's generator / rollout_worker (a misspelt one is named with the closest, `unknown_keywords_message`).
+TRAINER_KEYWORDS = frozenset(inspect.signature(AsyncGRPOTrainer.__init__).parameters) - {"self"} | {"generator"}
+PROBE_TIMEOUT_S = 5.0  # one /health probe at construction (`ExtAsyncGRPOTrainer._fail_fast_without_server`)
 
 __all__ = ["ExtAsyncGRPOTrainer", "policy_stat_sums", "version_lags"]
 
@@ -63,6 +84,38 @@ def version_lags(sample_versions: Tensor, model_version: int, max_lag: int) -> T
     return (model_version - sample_versions.round().long()).clamp(0, max_lag)
 
 
+def _tokens_per_rank(inputs: dict[str, Tensor], num_processes: int) -> Tensor:
+    """TRL's first divisor of its summed PPO-clip loss: the micro-batch's loss tokens per rank (at least 1), float32
+    (`AsyncSeam.loss_normalizer` times the accumulation steps, which TRL divides by after it)."""
+    return (inputs["global_n_tokens"][0] / num_processes).clamp(min=1.0).to(torch.float32)
+
+
+def _log_ppo_clip_metrics(trainer: Any, forward: TreeForward, flags: dict[str, Tensor]) -> None:
+    """TRL's metrics of its PPO-clip loss, computed as ``AsyncGRPOTrainer.compute_loss`` does: ``ratio``, ``kl``,
+    ``entropy`` and ``clip_ratio/{low,high,region}_mean`` (float32 sums over all ranks, in one collective, over the
+    loss tokens), ``clip_ratio/low_min`` and ``clip_ratio/high_max`` (the extremes over completions of each one's
+    clipped fraction, all ranks). ``flags``: `trl_ext.losses.ppo_clip_flags` of the ``M`` loss tokens."""
+    stats = policy_stat_sums(forward.logps, forward.old_logps, forward.entropy)
+    clipped = [flags[name].float().sum() for name in ("low", "high", "region")]
+    totals = trainer.global_sums(
+        stats["ratio"], stats["kl"], stats["entropy"], *clipped, stats["count"], dtype=torch.float32
+    )
+    names = ("ratio", "kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")
+    for index, name in enumerate(names):
+        trainer.log_metric(name, (totals[index] / totals[6]).item())
+    segment_id = forward.segment_id
+    num_completions = int(segment_id.max()) + 1
+
+    def per_completion(values: Tensor) -> Tensor:  # NaN for a completion without loss tokens (ignored below)
+        return torch.zeros(num_completions, device=values.device).index_add_(0, segment_id, values)
+
+    tokens = per_completion(torch.ones_like(forward.logps, dtype=torch.float32))
+    low_min = nanmin(per_completion(flags["low"].float()) / tokens)
+    high_max = nanmax(per_completion(flags["high"].float()) / tokens)
+    trainer.log_metric("clip_ratio/low_min", nanmin(trainer.accelerator.gather(low_min)).item())
+    trainer.log_metric("clip_ratio/high_max", nanmax(trainer.accelerator.gather(high_max)).item())
+
+
 class ExtAsyncGRPOTrainer(AsyncSeam):
     """`trl.experimental.async_grpo.AsyncGRPOTrainer` plus the loss registry of `trl_ext.losses` and the monitors.
 
@@ -76,7 +129,17 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
 
     model_card = METHODS["grpo"]
 
-    def __init__(self, model: str, reward_funcs: Any = None, args: Any = None, *pargs: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        reward_funcs: Any = None,
+        args: Any = None,
+        train_dataset: Any = None,
+        processing_class: Any = None,
+        *,
+        generator: Any = None,
+        **kwargs: Any,
+    ) -> None:
         if args is None:
             args = ExtAsyncGRPOConfig(f"{model.rstrip('/').split('/')[-1]}-AsyncGRPO")
         loss_type = getattr(args, "loss_type", "dapo")
@@ -84,10 +147,26 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
             raise TypeError(
                 f"loss_type={loss_type!r} needs trl-ext's settings: pass args=trl_ext.ExtAsyncGRPOConfig(...)."
             )
+        unknown = kwargs.keys() - TRAINER_KEYWORDS
+        if unknown:  # TRL's __init__ would name the keyword only
+            raise TypeError(unknown_keywords_message(type(self).__name__, sorted(unknown), TRAINER_KEYWORDS))
+        generator, kwargs["weight_transfer"] = pair_local_policy(generator, kwargs.get("weight_transfer"))
+        if isinstance(generator, LocalPolicy) and args.token_budget is None:
+            args.token_budget = generator.max_model_len or 0  # TRL would ask a vLLM server for its max_model_len
+        self._fail_fast_without_server(args, generator, kwargs)
         if kwargs.get("weight_transfer") is None and PartialState().is_main_process:
             # A full-weight model off CUDA has no NCCL: its weights go through vLLM's reload from disk instead.
             kwargs["weight_transfer"] = choose_weight_transfer(model, args, peft_config=kwargs.get("peft_config"))
-        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        if generator is not None and kwargs.get("rollout_worker") is None:
+            # TRL's own worker samples from vllm serve only: plain GRPO groups from the generator instead
+            if processing_class is None:
+                processing_class = AutoTokenizer.from_pretrained(model)
+            kwargs["rollout_worker"] = self._group_worker(
+                args, reward_funcs, train_dataset, processing_class, generator
+            )
+        super().__init__(model, reward_funcs, args, train_dataset, processing_class, **kwargs)
+        if isinstance(generator, LocalPolicy):
+            generator.check_model(self.accelerator.unwrap_model(self.model).config)
         # Monitors passed as callbacks= would run after the trackers; move them ahead so alerts reach wandb & co.
         from ..callbacks.monitors import MonitorCallback, add_monitors
 
@@ -95,6 +174,66 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
             add_monitors(self)
         watch_server(self)  # a vllm serve that went away ends training with an error naming it
         self._gate_staleness()
+        self.learning_signal = LearningSignalWatch()  # warns when every advantage has been 0 for several steps
+        self.add_callback(self.learning_signal)
+
+    def _watch_learning_signal(self, inputs: dict[str, Tensor]) -> None:
+        """Tell `learning_signal` whether any loss token of the micro-batch (all ranks) has a non-zero advantage
+        (times its loss weight, when the batch carries weights). One collective: every rank calls it."""
+        selected = inputs["token_index"] >= 0
+        signal = inputs["advantages"][selected]
+        if LOSS_WEIGHTS_KEY in inputs:
+            signal = signal * inputs[LOSS_WEIGHTS_KEY][selected].to(signal.dtype)
+        self.learning_signal.saw(float(self.global_sums((signal != 0).sum())[0]) > 0)
+
+    def _fail_fast_without_server(self, args: Any, generator: Any, kwargs: dict[str, Any]) -> None:
+        """When the run needs ``vllm serve`` (TRL's worker or a method's own worker samples from it, or TRL's sync
+        sends it the weights), ask its ``/health`` once (`probe_server`): nothing listening on this machine, or a host
+        that does not resolve, fails now with the fix; a server still starting, or another machine's, is waited for
+        as TRL does (``vllm_server_timeout``). A ``rollout_worker=`` or ``weight_transfer=`` passed in owns its own
+        connections (TRL's rule: an injected backend is not probed), unless it says ``uses_server = True``."""
+        worker = kwargs.get("rollout_worker")
+        samples_from_server = generator is None and (worker is None or getattr(self, "_own_worker", False))
+        transfer = kwargs.get("weight_transfer")
+        syncs_to_server = transfer is None or getattr(transfer, "uses_server", False)
+        if not (samples_from_server or syncs_to_server) or not PartialState().is_main_process:
+            return
+        url = args.vllm_server_base_url
+        reason = probe_server(url, timeout_s=PROBE_TIMEOUT_S)
+        if reason is not None and reason.startswith(FAIL_FAST_PREFIXES):
+            raise ConnectionError(
+                f"The vLLM server at vllm_server_base_url={url!r} cannot be reached: {reason}. Start it first (e.g. "
+                "`vllm serve <model>`, docs/async.md) or fix the URL; to train without a server, pass "
+                "generator=LocalPolicy(model_path, tokenizer)."
+            )
+        if reason is not None:
+            logger.warning(
+                "The vLLM server at %s is not ready (%s); waiting up to vllm_server_timeout=%g s.",
+                url,
+                reason,
+                args.vllm_server_timeout,
+            )
+
+    @staticmethod
+    def _group_worker(args: Any, reward_funcs: Any, dataset: Any, tokenizer: Any, generator: Any) -> Any:
+        """The rollout worker of a run given a ``generator=`` (`GroupRolloutWorker`; None off the main process)."""
+        if not PartialState().is_main_process:
+            return None
+        if dataset is None or "prompt" not in (getattr(dataset, "column_names", None) or []):
+            raise ValueError(
+                "ExtAsyncGRPOTrainer with a generator= needs a train_dataset with a 'prompt' column (a string or chat "
+                "messages per row)."
+            )
+        return GroupRolloutWorker(
+            dataset=dataset,
+            reward_funcs=callable_reward_funcs("ExtAsyncGRPOTrainer", reward_funcs, None),
+            tokenizer=tokenizer,
+            generator=generator,
+            num_generations=args.num_generations,
+            groups_per_run=groups_per_run(args),
+            queue_maxsize=args.queue_maxsize,
+            chat_template_kwargs=args.chat_template_kwargs,
+        )
 
     def _gate_staleness(self) -> None:
         """A trl-ext rollout worker starts a run only while its samples cannot go stale (`StalenessGate`): with the
@@ -121,15 +260,36 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """TRL's loss for ``"dapo"``; otherwise the registered loss on TRL's forward of the micro-batch.
 
+        ``"dapo"`` is TRL's PPO-clip computed here op for op as TRL does (`trl_ext.losses.ppo_clip_loss` on
+        `AsyncSeam.tree_forward`: the same loss, gradients and metrics) so that its clip rate is also logged per
+        version lag, ``clip_ratio/region_mean/lag_<k>``.
+
         The loss gets the ``M`` loss tokens of this rank's row as ``(1, M)`` tensors: log p (the gradient), p_old =
         the sampler's log-probs, the advantages, an all-True mask, the batch's per-token ``loss_weights`` when it
         carries them (`trl_ext.trainers.async_seam.weights`; else none), and TRL's normaliser (the micro-batch's loss
         tokens per rank times the accumulation steps), whatever the spec's ``normalization``. TRL's own loss takes
-        no weights: they are folded into its advantages (exact for its PPO-clip loss).
+        no weights: they are folded into its advantages (exact for its PPO-clip loss). Tokens older than
+        ``max_staleness`` versions are trained by neither (`AsyncSeam.drop_stale_tokens`).
         """
+        inputs = self.drop_stale_tokens(inputs)
+        self._watch_learning_signal(inputs)
         spec = self.loss_spec
-        if spec.compute is None:
-            return super().compute_loss(model, fold_loss_weights(inputs), return_outputs, num_items_in_batch)
+        if spec.compute is None:  # TRL's PPO-clip, op for op as TRL computes it (`ppo_clip_loss`), plus its lags
+            inputs = fold_loss_weights(inputs)
+            forward = self.tree_forward(model, inputs)
+            loss, flags = ppo_clip_loss(
+                forward.logps,
+                forward.old_logps,
+                forward.advantages,
+                epsilon_low=self.epsilon_low,
+                epsilon_high=self.epsilon_high,
+                normalizer=_tokens_per_rank(inputs, self.accelerator.num_processes),
+            )
+            loss = self.add_aux_loss(loss / self.accumulation_steps, forward)  # TRL divides in this order
+            _log_ppo_clip_metrics(self, forward, flags)
+            self._log_trust_region_by_lag(spec, forward, forward.logps, flags=flags["region"])
+            self.record_micro_batch(inputs, forward)
+            return loss
         forward = self.tree_forward(model, inputs)
         logps = forward.logps.unsqueeze(0)
         loss, metrics = spec.compute(
@@ -153,22 +313,36 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
         with loss_weight_collator():
             return super().get_train_dataloader()
 
-    def _log_trust_region_by_lag(self, spec: LossSpec, forward: TreeForward, logps: Tensor) -> None:
-        """The loss's trust-region metric per version lag, ``<metric>/lag_<k>`` (e.g. ``ipo/masked_ratio/lag_2``):
-        the loss recomputed without gradient over the tokens of each lag ``k`` = this policy's version minus the
-        version that sampled them, 0 to ``max_staleness + 1`` (a micro-batch fetched ahead of a sync is one older).
+    def _log_trust_region_by_lag(
+        self, spec: LossSpec, forward: TreeForward, logps: Tensor, flags: Tensor | None = None
+    ) -> None:
+        """The loss's trust-region metric per version lag, ``<metric>/lag_<k>`` (e.g. ``ipo/masked_ratio/lag_2``,
+        ``clip_ratio/region_mean/lag_2``) over the tokens of each lag ``k`` = this policy's version minus the version
+        that sampled them, 0 to ``max_staleness`` (older tokens reach no loss: `AsyncSeam.drop_stale_tokens`): with
+        ``flags`` (``(M,)`` bool, the tokens the trust region acts on, e.g. PPO-clip's ``region`` flags), their
+        fraction among the lag's tokens; without, the loss recomputed without gradient over the lag's tokens.
         Token-weighted over all ranks; a lag with no token in the micro-batch on any rank is not logged."""
         metric = spec.trust_region_metric
-        if forward.sample_versions is None or metric is None or not metric.startswith(f"{spec.name}/"):
+        if forward.sample_versions is None or metric is None:
+            return
+        max_lag = self.args.max_staleness + 1  # the last bucket holds the dropped tokens: never logged
+        lags = version_lags(forward.sample_versions, self.model_version, max_lag)
+        if flags is not None:
+            flagged = torch.bincount(lags, weights=flags.detach().to(torch.float64), minlength=max_lag + 1)
+            tokens = torch.bincount(lags, minlength=max_lag + 1).to(torch.float64)
+            totals = self.global_sums(*torch.stack([flagged, tokens], dim=1).flatten())
+            for lag in range(max_lag):
+                if totals[2 * lag + 1] > 0:
+                    self.log_metric(f"{metric}/lag_{lag}", (totals[2 * lag] / totals[2 * lag + 1]).item())
+            return
+        if not metric.startswith(f"{spec.name}/"):
             return
         key = metric.removeprefix(f"{spec.name}/")
-        max_lag = self.args.max_staleness + 1
-        lags = version_lags(forward.sample_versions, self.model_version, max_lag)
         settings = spec.settings_from(self.args)
         weights = None if forward.loss_weights is None else forward.loss_weights.to(logps.dtype).unsqueeze(0)
         sums = []
         with torch.no_grad():
-            for lag in range(max_lag + 1):
+            for lag in range(max_lag):
                 mask = (lags == lag).unsqueeze(0)
                 if not mask.any():
                     sums += [0.0, 0.0]
@@ -185,7 +359,7 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
                 tokens = lag_metrics["num_tokens"]
                 sums += [lag_metrics[key] * tokens, tokens]
         totals = self.global_sums(*sums)
-        for lag in range(max_lag + 1):
+        for lag in range(max_lag):
             tokens = totals[2 * lag + 1]
             if tokens > 0:
                 self.log_metric(f"{metric}/lag_{lag}", (totals[2 * lag] / tokens).item())

@@ -30,7 +30,30 @@ import torch
 
 from ..rlm.generators import Completion, SamplingSettings, TransformersGenerator
 
-__all__ = ["LocalPolicy"]
+__all__ = ["LocalPolicy", "pair_local_policy"]
+
+# The config fields that make two checkpoints of one architecture hold the same weights' names and shapes.
+ARCHITECTURE_FIELDS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+)
+
+
+def pair_local_policy(generator: Any, weight_transfer: Any) -> tuple[Any, Any]:
+    """A `LocalPolicy` passed as only one of a trainer's ``generator=`` / ``weight_transfer=`` is both: it samples and
+    receives the weights it samples from. Returns ``(generator, weight_transfer)``."""
+    if isinstance(generator, LocalPolicy) and weight_transfer is None:
+        return generator, generator
+    if isinstance(weight_transfer, LocalPolicy) and generator is None:
+        return weight_transfer, weight_transfer
+    return generator, weight_transfer
 
 
 class LocalPolicy:
@@ -75,6 +98,27 @@ class LocalPolicy:
         self.version = 0
         self._generator = TransformersGenerator(model, tokenizer, settings=settings, batch_size=batch_size)
         self._lock = threading.Lock()
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The longest sequence the copy's model takes (``max_position_embeddings``), or None when its config does not
+        say: the trainer's default ``token_budget``, as vLLM's ``max_model_len`` is for a server."""
+        return getattr(self.model.config, "max_position_embeddings", None)
+
+    def check_model(self, config: Any) -> None:
+        """Raise when ``config`` (the trained model's) differs from the sampling copy's in a field that sets the
+        weights' names or shapes: the first weight sync would fail, or the copy would sample from another model."""
+        mine = self.model.config
+        differ = [
+            f"{name}: trained {getattr(config, name, None)!r}, sampling copy {getattr(mine, name, None)!r}"
+            for name in ARCHITECTURE_FIELDS
+            if getattr(config, name, None) != getattr(mine, name, None)
+        ]
+        if differ:
+            raise ValueError(
+                "The LocalPolicy's model is not the model the trainer trains (" + "; ".join(differ) + "). Build it "
+                "from the same path: LocalPolicy(model_path, tokenizer, ...) with the trainer's model_path."
+            )
 
     # ------------------------------------------------------------------------------ trl_ext.rlm.Generator
     def generate(self, prompts: Sequence[Sequence[int]]) -> list[Completion]:

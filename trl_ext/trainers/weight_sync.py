@@ -193,6 +193,8 @@ class DiskWeightTransfer:
         keep_files: keep the last weights written when training ends (`destroy`); removed by default.
     """
 
+    uses_server = True  # the trainer probes vllm_server_base_url when it is built (ExtAsyncGRPOTrainer)
+
     def __init__(
         self,
         server_url: str,

@@ -19,7 +19,6 @@ retried with the next prompts; ``max_consecutive_errors`` failures in a row stop
 from __future__ import annotations
 
 import logging
-import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -30,10 +29,10 @@ from ...judge.batch import JudgeOutage, collect_verdict, optional_text, prompt_t
 from ...judge.event_loop import BackgroundEventLoop
 from ...judge.judge import JudgeRequest, JudgeVerdict, SpanJudge, extract_final_answer
 from ...judge.markers import build_marked_trace
-from ...rlm.generators import Completion, Generator
+from ...rlm.generators import Generator
 from ...text import last_user_text
 from ..async_rlm.samples import group_advantages
-from ..async_worker import ThreadedRolloutWorker, as_completions, group_metrics, reward_table
+from ..group_worker import GroupRolloutWorker, ScoredGroup
 from .samples import judged_sample, rollout_credit
 
 logger = logging.getLogger(__name__)
@@ -41,7 +40,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["JudgeRolloutWorker"]
 
 
-class JudgeRolloutWorker(ThreadedRolloutWorker):
+class JudgeRolloutWorker(GroupRolloutWorker):
     """Judged rollouts for TRL's asynchronous trainer (``rollout_worker=``), in a thread of this process.
 
     Args:
@@ -100,19 +99,21 @@ class JudgeRolloutWorker(ThreadedRolloutWorker):
         outage_loud_batches: int = 5,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        self._init_worker(
+        group_advantages([0.0], scale_rewards)  # names a bad scale_rewards now
+        super().__init__(
             dataset=dataset,
             reward_funcs=reward_funcs,
             tokenizer=tokenizer,
             generator=generator,
             num_generations=num_generations,
             groups_per_run=groups_per_run,
+            advantage_fn=lambda rewards: group_advantages(rewards, scale_rewards),
             queue_maxsize=queue_maxsize,
             max_consecutive_errors=max_consecutive_errors,
+            chat_template_kwargs=chat_template_kwargs,
         )
         if verdict_reward is not None and not 0 <= verdict_reward < len(reward_funcs):
             raise ValueError(f"verdict_reward={verdict_reward} is not the index of one of the reward functions.")
-        group_advantages([0.0], scale_rewards)  # names a bad scale_rewards now
         self.judge = judge
         self.scale_rewards = scale_rewards
         self.judge_lambda = judge_lambda
@@ -122,7 +123,6 @@ class JudgeRolloutWorker(ThreadedRolloutWorker):
         self.audit = audit
         self.step = step
         self.outage_loud_batches = outage_loud_batches
-        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.stop_ids = {t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None}
         self.last_verdicts: list[JudgeVerdict] = []
         self._outage = JudgeOutage(judge.client, log=logger)
@@ -137,22 +137,8 @@ class JudgeRolloutWorker(ThreadedRolloutWorker):
     # ------------------------------------------------------------------------------ one run
     def rollout(self, rows: Sequence[dict[str, Any]]) -> list[Any]:
         """Sample, score, judge and turn into samples ``num_generations`` rollouts of each of ``rows``."""
-        if self.generator is None:
-            raise RuntimeError(
-                "The judge rollout worker has no generator: pass generator= (or let the trainer set it)."
-            )
         version = self.model_version  # the version the completions are sampled from
-        prompt_ids = [self._prompt_ids(row["prompt"]) for row in rows]
-        completions = self.generator.generate([ids for ids in prompt_ids for _ in range(self.num_generations)])
-        self._tick()
-        if len(completions) != len(rows) * self.num_generations:
-            raise RuntimeError(
-                f"The generator returned {len(completions)} completions for {len(rows) * self.num_generations} prompts."
-            )
-        groups = []
-        for index, (row, ids) in enumerate(zip(rows, prompt_ids, strict=True)):
-            group = completions[index * self.num_generations : (index + 1) * self.num_generations]
-            groups.append(self._score_group(row, ids, group))
+        groups = [self._judge_requests(group) for group in self.sample_groups(rows)]
         started = time.perf_counter()
         verdicts = self._judge([rollout for group in groups for rollout in group])
         waited = time.perf_counter() - started
@@ -190,43 +176,28 @@ class JudgeRolloutWorker(ThreadedRolloutWorker):
         self._push_judge_metrics(verdicts, credit_mass, outcome_mass, waited)
         return samples
 
-    def _prompt_ids(self, prompt: Any) -> list[int]:
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        text = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
-        )
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def _score_group(self, row: dict[str, Any], prompt_ids: list[int], group: list[Completion]) -> list[dict]:
-        """The group's rewards, advantages and judge requests: one dict per rollout."""
-        texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in group]
-        per_func = self._rewards(row, texts, [list(c.token_ids) for c in group])
-        rewards = [math.fsum(v for v in values if not math.isnan(v)) for values in zip(*per_func, strict=True)]
-        advantages = group_advantages(rewards, self.scale_rewards)
-        mean = sum(rewards) / len(rewards)
-        reward_std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
-        group_id, self.groups = self.groups, self.groups + 1
+    def _judge_requests(self, group: ScoredGroup) -> list[dict]:
+        """A scored group's judge requests, with what its samples carry: one dict per rollout."""
         if self.verdict_reward is None:
-            name, shown = "reward", rewards
+            name, shown = "reward", group.rewards
         else:
-            name, shown = self.reward_func_names[self.verdict_reward], per_func[self.verdict_reward]
-        rollouts = []
-        for index, (completion, text) in enumerate(zip(group, texts, strict=True)):
+            name, shown = self.reward_func_names[self.verdict_reward], group.per_func[self.verdict_reward]
+        row, rollouts = group.row, []
+        for index, (completion, text) in enumerate(zip(group.completions, group.texts, strict=True)):
             ids = list(completion.token_ids)
             while ids and ids[-1] in self.stop_ids:  # the judge reads the text, not the end-of-sequence tokens
                 ids.pop()
             trace = build_marked_trace(self.tokenizer, ids, every=self.marker_every)
-            metrics = group_metrics(index, rewards[index], reward_std, self.reward_func_names, per_func)
             rollouts.append(
                 {
                     "prompt": row["prompt"],
-                    "prompt_ids": prompt_ids,
+                    "prompt_ids": group.prompt_ids,
                     "completion": completion,
                     "text": text,
                     "judged_ids": ids,
-                    "advantage": advantages[index],
-                    "group_id": group_id,
-                    "metrics": metrics,
+                    "advantage": group.advantages[index],
+                    "group_id": group.group_id,
+                    "metrics": group.metrics(index, self.reward_func_names),
                     "verdict_given": verdict_text(name, shown[index]),
                     "request": JudgeRequest(
                         trace=trace,
@@ -239,18 +210,6 @@ class JudgeRolloutWorker(ThreadedRolloutWorker):
                 }
             )
         return rollouts
-
-    def _rewards(self, row: dict[str, Any], texts: list[str], ids: list[list[int]]) -> list[list[float]]:
-        """``(functions, G)`` rewards (None -> NaN); the prompt's columns passed as TRL does."""
-        size = len(texts)
-        columns = {key: [value] * size for key, value in row.items() if key != "prompt"}
-        kwargs = dict(
-            prompts=[row["prompt"]] * size,
-            completions=as_completions(row["prompt"], texts),
-            completion_ids=ids,
-            **columns,
-        )
-        return reward_table(self.reward_funcs, self.reward_func_names, kwargs, size)
 
     def _judge(self, rollouts: list[dict]) -> list[JudgeVerdict]:
         """Every rollout's verdict, the calls concurrent on the worker's event loop; a fault is a failed verdict."""

@@ -52,6 +52,8 @@ INIT_PARAMETERS: tuple[str, ...] = ("self", "model", "reward_funcs", "args")
 ASYNC_MODULE_ATTRIBUTES: dict[tuple[object, str], tuple[str, ...]] = {
     (packing, "_flash_attn"): (),  # TRL's FA3 fetch through `kernels`
     (async_grpo_trainer, "get_peak_flops_per_device"): ("accelerator", "dtype"),  # calls torch.cuda unconditionally
+    # one per periodic task (weight sync, step metrics): AsyncSeam.add_callback keeps the second without a notice
+    (async_grpo_trainer, "StepIntervalCallback"): ("fn", "every_n_steps"),
 }
 
 # The keywords `packing.tree_attention` passes to the kernel's ``flash_attn_varlen_func`` besides the 7 positional
@@ -72,6 +74,8 @@ ASYNC_ATTRIBUTES: tuple[str, ...] = (
     "_name",
     "_paper",
     "aux_loss_enabled",  # the MoE load-balancing loss of the forward
+    "epsilon_low",  # the PPO-clip range: ExtAsyncGRPOTrainer's loss_type="dapo" (trl_ext.losses.ppo_clip_loss)
+    "epsilon_high",
     "router_aux_loss_coef",
     "_lora_sync",  # policy.served_policy_names: whether syncs publish a LoRA adapter, and under which prefix
     "_lora_name",

@@ -23,13 +23,40 @@ import torch
 from torch import Tensor
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.experimental.async_grpo import AsyncGRPOTrainer
+from trl.experimental.async_grpo.async_grpo_trainer import StepIntervalCallback
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
 from .cpu import install_cpu_support
 from .faults import guard_rollout_worker, restore_rollout_state, save_rollout_state
-from .weights import LOSS_WEIGHTS_KEY, SAMPLE_VERSIONS_KEY, VersionTaggedQueue
+from .weights import LOSS_WEIGHTS_KEY, SAMPLE_VERSIONS_KEY, VersionTaggedQueue, stale_token_mask, without_tokens
 
-__all__ = ["AsyncSeam", "TreeForward"]
+__all__ = ["STALE_TOKENS_METRIC", "AsyncSeam", "OnDemandLoader", "TreeForward"]
+
+STALE_TOKENS_METRIC = "sample/dropped_stale_tokens_total"  # loss tokens older than max_staleness when trained
+
+
+class OnDemandLoader:
+    """The training loader accelerate prepared, read without its one-batch look-ahead (one process).
+
+    Accelerate's loaders fetch the next batch before they hand out the current one. The trainer takes an optimizer
+    step's micro-batches when the step begins, so the look-ahead takes the first micro-batch of the *next* step from
+    the rollout queue (and checks its staleness) before this step's weight sync: trained one version later than
+    checked. Read on demand, a micro-batch is fetched when its step begins, after the sync before it, so the version
+    TRL checks it against is the version that trains it. Everything else is the prepared loader's.
+    """
+
+    def __init__(self, loader: Any, device: torch.device) -> None:
+        self.loader = loader
+        self.device = device
+
+    def __iter__(self):
+        from accelerate.utils import send_to_device
+
+        for batch in self.loader.base_dataloader:
+            yield send_to_device(batch, self.device)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
 
 
 @dataclass
@@ -83,6 +110,15 @@ class AsyncSeam(AsyncGRPOTrainer):
         if self.rollout_queue is not None:  # each sample's policy version rides to the loss (`weights`)
             self.rollout_queue = VersionTaggedQueue(self.rollout_queue)
 
+    def add_callback(self, callback: Any) -> None:
+        """transformers' ``add_callback``, except for TRL's `StepIntervalCallback`: TRL adds one per periodic task
+        (the weight sync, the step metrics), and transformers would print a duplicate-callback notice for the second
+        at every construction. A real duplicate of any other callback still gets the notice."""
+        if isinstance(callback, StepIntervalCallback):
+            self.callback_handler.callbacks.append(callback)
+            return
+        super().add_callback(callback)
+
     def _sync_weight(self):
         try:
             return super()._sync_weight()
@@ -123,6 +159,30 @@ class AsyncSeam(AsyncGRPOTrainer):
                 if "rows" in state and callable(getattr(worker, "restore_state", None)):
                     worker.restore_state(state)  # the prompts continue where the trained ones end
         return super()._inner_training_loop(*args, **kwargs)
+
+    # ---------------------------------------------------------------------------------------------- staleness
+    def get_train_dataloader(self):
+        """TRL's training loader; on one process read on demand (`OnDemandLoader`), so a micro-batch's staleness is
+        checked against the version that trains it."""
+        loader = super().get_train_dataloader()
+        if self.accelerator.num_processes == 1 and getattr(loader, "base_dataloader", None) is not None:
+            return OnDemandLoader(loader, self.accelerator.device)
+        return loader
+
+    def drop_stale_tokens(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``inputs`` without the loss tokens sampled more than ``max_staleness`` versions before the policy being
+        trained (`weights.without_tokens`), counted in `STALE_TOKENS_METRIC`; ``inputs`` itself when there are none
+        on any rank. On one process `OnDemandLoader` fetches none; with several, accelerate's dispatcher reads one
+        micro-batch ahead, and the one it fetched before a sync is trained a version later than TRL checked it. Every
+        rank must call it (one collective)."""
+        stale = stale_token_mask(inputs, self.model_version, self.args.max_staleness)
+        if stale is None:
+            return inputs
+        dropped = float(self.global_sums(stale.sum())[0])  # each rank holds its own row of the micro-batch
+        if dropped == 0:
+            return inputs
+        self.log_metric(STALE_TOKENS_METRIC, dropped)
+        return without_tokens(inputs, stale, dropped)
 
     # ---------------------------------------------------------------------------------------------- services
     @property

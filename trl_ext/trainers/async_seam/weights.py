@@ -46,7 +46,9 @@ __all__ = [
     "loss_weight_collator",
     "per_token_loss_weights",
     "per_token_sample_values",
+    "stale_token_mask",
     "weighted_sample_metrics",
+    "without_tokens",
 ]
 
 TOKEN_WEIGHT_KEY = "trl_ext/token_weight"  # W(v) / n_v of each loss token of the sample
@@ -203,3 +205,36 @@ def fold_loss_weights(inputs: dict[str, Tensor]) -> dict[str, Tensor]:
     folded = {key: value for key, value in inputs.items() if key != LOSS_WEIGHTS_KEY}
     folded["advantages"] = inputs["advantages"] * inputs[LOSS_WEIGHTS_KEY].to(inputs["advantages"].dtype)
     return folded
+
+
+def stale_token_mask(inputs: Mapping[str, Tensor], model_version: int, max_staleness: int) -> Tensor | None:
+    """``(P, M)`` True at each loss token sampled more than ``max_staleness`` versions before ``model_version`` (the
+    policy being trained); None when the batch carries no ``sample_versions``."""
+    versions = inputs.get(SAMPLE_VERSIONS_KEY)
+    if versions is None:
+        return None
+    return (inputs["token_index"] >= 0) & (model_version - versions.round() > max_staleness)
+
+
+def without_tokens(inputs: dict[str, Tensor], drop: Tensor, dropped_total: float) -> dict[str, Tensor]:
+    """``inputs`` with the loss tokens ``drop`` trained on by no loss: their weight 0 in ``loss_weights`` (all ones
+    where the batch had none), and TRL's token count ``global_n_tokens`` less ``dropped_total`` (the dropped tokens of
+    all ranks), so the normaliser counts the tokens trained.
+
+    Every loss weighs a token's whole loss by its weight (TRL's PPO-clip through `fold_loss_weights`), so a weight 0
+    removes the token exactly. A weighted batch's other weights (``token weight × T / R``) keep their scale: the
+    micro-batch's loss is then divided by the fewer tokens, as if its roots had shrunk in proportion.
+
+    Args:
+        inputs: a collated micro-batch (``token_index``, ``global_n_tokens``, optionally ``loss_weights``).
+        drop: ``(P, M)`` True at the loss tokens to drop.
+        dropped_total: how many tokens ``drop`` marks on all ranks together.
+    """
+    selected = inputs["token_index"] >= 0
+    weights = inputs.get(LOSS_WEIGHTS_KEY)
+    if weights is None:
+        weights = selected.to(torch.float32)
+    out = dict(inputs)
+    out[LOSS_WEIGHTS_KEY] = torch.where(drop, torch.zeros_like(weights), weights)
+    out["global_n_tokens"] = (inputs["global_n_tokens"] - dropped_total).clamp(min=0)
+    return out
