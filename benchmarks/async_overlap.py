@@ -7,6 +7,15 @@ model, REPL or judge call: it sleeps, so it costs no CPU), and train the same ti
 ``--prompts`` prompts x 4 rollouts per optimizer step (one generation per step, split into 4 accumulated
 micro-batches of one group each; the async trainer counts in samples, so its micro-batch is one group's 32 turns).
 
+Both train (a grad norm of about 1e-3 on the tiny policy): a prompt's 4 rollouts are played by 4 differently seeded
+teachers (`teacher_generator`), so their tokens and rewards differ and the advantages are not 0; and the IPO loss runs
+with ``ipo_threshold=1.0``, since the scripted sampler reports log-prob 0 (p_old = 1) for every token: any smaller
+trust region would mask every token (|p - p_old| ~ 1 for the tiny policy). The ratio p / p_old is then about 0.003,
+which keeps the gradients small. Before both changes every advantage was 0 and every token masked (grad norm 0:
+nothing trained), and a group's 4 identical rollouts shared their prefix tree in the async trainer's packing, so
+numbers from before are not comparable. The table reports each trainer's median grad norm and IPO masked ratio, so a
+run that trains nothing shows it.
+
 - **sync**: generation (rollouts, rewards, rows: timed around ``_generate_and_score_completions``) then training,
   one after the other;
 - **async, max_staleness 1 and 2**: the RLM rollout worker generates in a thread of the trainer process while the
@@ -16,10 +25,14 @@ micro-batches of one group each; the async trainer counts in samples, so its mic
 
 A step is timed from the end of the previous optimizer step to the end of this one (TRL's ``perf/step_s``), so it
 includes any wait for rollouts; the first step of every run is a warm-up and is not counted. Runs alternate in one
-process (the order reversed every round), so that machine noise hits all alike. Prints a table and writes it into
-benchmarks/RESULTS.md.
+process (the order reversed every round), so that machine noise hits all alike. Prints a table and, as the other
+benchmarks do, writes it into the ``async_overlap`` section of benchmarks/RESULTS.md unless ``--no-write`` (it prints
+where it wrote).
 
-    python benchmarks/async_overlap.py [--rounds 3] [--steps 6] [--latency-ms 200]
+    python benchmarks/async_overlap.py [--rounds 3] [--steps 6] [--latency-ms 200] [--no-write]
+
+The smallest run (tests/test_benchmarks_async.py's, about a minute): ``--rounds 1 --steps 2 --prompts 1 --latency-ms 10
+--hidden 32 --layers 1 --no-write``.
 """
 
 from __future__ import annotations
@@ -29,6 +42,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,7 +51,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch  # noqa: E402
-from _results import machine, write_section  # noqa: E402
+from _results import RESULTS, machine, write_section  # noqa: E402
 from _timing import GenerationTimer  # noqa: E402
 from transformers import AutoModelForCausalLM, TrainerCallback  # noqa: E402
 
@@ -75,17 +89,30 @@ TOY_SCAFFOLD = ScaffoldArguments.arguments_for(
 # ----------------------------------------------------------------------------------------------------- the task
 def teacher_generator(tokenizer: Any, latency_s: float) -> ScriptedGenerator:
     """The scripted teacher as the policy's sampler: every root delegates one child per part; children compute,
-    take the shortcut or read (so rewards differ within a group). Each ``generate`` call takes ``latency_s``."""
-    teacher = ToyTeacher(delegate_fraction=1.0, compute_fraction=0.5, shortcut_fraction=0.25, seed=0)
+    take the shortcut or read. Each ``generate`` call takes ``latency_s``.
+
+    A `ToyTeacher` draws a node's strategy from what it sees, and a prompt's rollouts all see the same, so one teacher
+    would play them alike: the same tokens, the same reward, advantages 0 and no gradient. So the k-th request with a
+    given prompt text goes to teacher ``k mod NUM_GENERATIONS`` (seeds 0-3): the rollouts of a group differ in their
+    children's strategies, hence in their tokens and rewards."""
+    teachers = [
+        ToyTeacher(delegate_fraction=1.0, compute_fraction=0.5, shortcut_fraction=0.25, seed=seed)
+        for seed in range(NUM_GENERATIONS)
+    ]
+    requests: dict[str, int] = {}
+    lock = threading.Lock()
 
     def respond(prompt_text: str) -> str:
+        with lock:
+            variant = requests.get(prompt_text, 0)
+            requests[prompt_text] = variant + 1
         blocks = prompt_text.split("<|im_start|>")[1:]  # the last one is the generation prompt, not a message
         messages = [
             {"role": block.split("\n", 1)[0], "content": block.split("\n", 1)[1].rsplit("<|im_end|>", 1)[0]}
             for block in blocks
             if "<|im_end|>" in block
         ]
-        return teacher({"messages": messages})
+        return teachers[variant % NUM_GENERATIONS]({"messages": messages})
 
     return ScriptedGenerator(respond, tokenizer, latency_s=latency_s)
 
@@ -111,6 +138,7 @@ def common_config(output_dir: str, steps: int) -> dict[str, Any]:
         gradient_checkpointing=False,
         learning_rate=1e-4,
         loss_type="ipo",
+        ipo_threshold=1.0,  # the scripted sampler's p_old is 1: a smaller threshold masks every token (no gradient)
         max_steps=steps,
         num_generations=NUM_GENERATIONS,
         gradient_accumulation_steps=MICRO_BATCHES,
@@ -174,6 +202,7 @@ def run_sync(
         "step": steps_s,
         "generation": generation_s,
         "training": [step - gen for step, gen in zip(steps_s, generation_s, strict=True)],
+        **learning(trainer.state.log_history),
     }
 
 
@@ -252,6 +281,17 @@ def run_async(
         "wait": [entry["perf/rollout_wait_s"] for entry in timed],
         "dropped": [entry.get("sample/dropped_stale_total") or 0.0 for entry in logged],
         "staleness": [entry.get("sample/staleness_mean") or 0.0 for entry in timed],
+        **learning(trainer.state.log_history),
+    }
+
+
+def learning(log_history: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Whether a run trained: every step's ``grad_norm`` and IPO masked ratio (``ipo/masked_ratio``), warm-up
+    included. A grad norm of 0 means the step trained nothing."""
+    logged = [entry for entry in log_history if "loss" in entry and "grad_norm" in entry]
+    return {
+        "grad_norm": [float(entry["grad_norm"]) for entry in logged],
+        "masked": [float(entry.get("ipo/masked_ratio", float("nan"))) for entry in logged],
     }
 
 
@@ -266,7 +306,9 @@ def report(results: dict[str, dict[str, list[float]]], args: argparse.Namespace)
     Per trainer: step, generation, training (for the async trainer measured while they overlap, so contention
     inflates both); ``step / max(gen, train)`` (1: perfect overlap); ``(gen + train) / step``, the gain from
     overlapping alone (1 for the sync trainer); speed-up = sync step / this step, which also holds any difference
-    between the two trainers' training code; rollout wait, samples dropped as stale (all steps), mean staleness."""
+    between the two trainers' training code; rollout wait, samples dropped as stale (all steps), mean staleness;
+    whether it trained: median grad norm and IPO masked ratio over all steps (a verdict line names a trainer whose
+    median grad norm is 0: it trained nothing)."""
     sync = {name: median(values) for name, values in results.get("sync", {}).items()}
     rows, verdicts = [], []
     for kind, series in results.items():
@@ -282,8 +324,11 @@ def report(results: dict[str, dict[str, list[float]]], args: argparse.Namespace)
         )
         rows.append(
             f"| {name} | {len(series['step'])} | {1000 * m['step']:.0f} | {1000 * m['generation']:.0f} | "
-            f"{1000 * m['training']:.0f} | {own:.2f} | {gain:.2f} | {speedup:.2f} | {extra} |"
+            f"{1000 * m['training']:.0f} | {own:.2f} | {gain:.2f} | {speedup:.2f} | {extra} | "
+            f"{m['grad_norm']:.3g} | {100 * m['masked']:.0f} % |"
         )
+        if not m["grad_norm"] > 0:
+            verdicts.append(f"{name}: median grad norm {m['grad_norm']:.3g}: it trained nothing (timings only)")
         if kind != "sync":
             verdicts.append(
                 f"{name}: step / max(gen, train) {own:.2f} [target <= 1.15: {'meets' if own <= 1.15 else 'misses'}]; "
@@ -308,8 +353,8 @@ def report(results: dict[str, dict[str, list[float]]], args: argparse.Namespace)
         [
             "| trainer | steps timed | step (ms) | generation (ms) | training (ms) | step / max(gen, train) "
             "| (gen + train) / step | speed-up over sync | rollout wait (ms) | dropped stale samples "
-            "| staleness |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| staleness | grad norm | IPO masked |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             *rows,
         ]
     )
@@ -334,8 +379,10 @@ def body(table: str, summary: str, args: argparse.Namespace) -> str:
         "of each run not counted; medians; runs alternated in one process. Sync generation = rollouts, rewards "
         "and rows; async generation = the worker's engine run per step (same work, in a thread of the trainer "
         "process, overlapping training); training = the rest of the step (sync) or TRL's "
-        "`perf/fwd_bwd_s + perf/optimizer_s` (async). The weight transfer is a no-op (no vLLM). The teacher plays a "
-        "prompt's 4 rollouts alike, so advantages are 0: the loss still runs over every token. Ratios are of "
+        "`perf/fwd_bwd_s + perf/optimizer_s` (async). The weight transfer is a no-op (no vLLM). Both train: "
+        "4 differently seeded teachers play a prompt's 4 rollouts (their tokens and rewards differ: advantages "
+        "not 0), and IPO runs with `ipo_threshold=1.0` (the scripted sampler reports p_old = 1, so a smaller trust "
+        "region would mask every token); grad norm and IPO masked ratio are medians over all steps. Ratios are of "
         "medians of separate series, so a value a little under 1 is noise. Stale samples: dropped by TRL's "
         "`max_staleness`; the worker's staleness gate starts a run only when none of its samples can go stale "
         "(one run = one step's trees, `queue_maxsize` = one step's samples), so at `max_staleness` 1 it waits for "
@@ -395,6 +442,7 @@ def main() -> None:
     print(summary)
     if not args.no_write:
         write_section("async_overlap", body(table, summary, args))
+        print(f"\nwrote the async_overlap section of {RESULTS}")
 
 
 if __name__ == "__main__":
