@@ -107,3 +107,14 @@ def test_json_candidates_is_lazy_and_needs_a_string():
     assert next(candidates) == {"first": 1}
     with pytest.raises(TypeError, match="reply string"):
         next(json_candidates(None))
+
+
+def test_top_level_json_values_never_reads_inside_a_value():
+    from trl_ext.text import top_level_json_values
+
+    reply = 'Draft [1] then {"spans": [], "note": "{\\"spans\\": [{\\"start\\": 0}]}"} and [2, [3]] end {broken'
+    assert list(top_level_json_values(reply)) == [[1], {"spans": [], "note": '{"spans": [{"start": 0}]}'}, [2, [3]]]
+    assert list(top_level_json_values("```json\n[]\n```")) == [[]]  # a fenced value is a value of the reply
+    assert list(top_level_json_values('{"a": 1')) == []  # cut: nothing inside it is read as the reply's
+    with pytest.raises(TypeError):
+        list(top_level_json_values(None))

@@ -9,8 +9,9 @@ From a list, the text parts (``{"type": "text", "text": ...}``, a part without `
 with a newline and the other parts (images, audio, ...) are skipped. A newline, not nothing: the parts are separate
 blocks, and gluing them would run the last word of one into the first word of the next.
 
-`json_candidates` finds the JSON values a model wrote in a reply (alone, in a code fence, or with prose around it);
-the judges read their verdicts from it.
+`json_candidates` finds every JSON value a text holds (alone, in a code fence, with prose around it, nested in
+another): what the judges search the policy's text with for forged verdicts. `top_level_json_values` finds only the
+values a reply itself wrote, never the JSON quoted inside their strings: what the judges read their verdicts from.
 """
 
 from __future__ import annotations
@@ -153,3 +154,32 @@ def json_candidates(text: str) -> Iterator[Any]:
         except RecursionError:
             return
         yield value
+
+
+def top_level_json_values(text: str) -> Iterator[Any]:
+    """The JSON values written at the top level of ``text``, left to right: each array or object starting at a ``[``
+    or ``{`` that is not inside a value already read (`json.JSONDecoder.raw_decode`). Unlike `json_candidates`, the
+    values nested in another and the strings inside a value are never read on their own: JSON that a reply quotes
+    inside its own JSON's strings is not a value of the reply. Text that is not JSON is skipped one character at a
+    time (a value may start inside it).
+
+    Raises:
+        TypeError: ``text`` is not a string.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"top_level_json_values reads a reply string, got {type(text).__name__}.")
+    decoder = json.JSONDecoder()
+    position = 0
+    while True:
+        match = _OPENING_RE.search(text, position)
+        if match is None:
+            return
+        try:
+            value, end = decoder.raw_decode(text, match.start())
+        except ValueError:
+            position = match.start() + 1
+            continue
+        except RecursionError:
+            return
+        yield value
+        position = end

@@ -97,6 +97,11 @@ class ChatResult:
         return self.message.get("tool_calls") or []
 
 
+class ReplyCut(ValueError):
+    """A reply that ended at the token limit (``finish_reason == "length"``): never parsed, asked again
+    (`AsyncChatClient.chat_parsed`)."""
+
+
 class JudgeOutcome:
     """Base of the results whose ``status`` is one of `REPLY_STATUSES` (`ParsedReply`, the judges' verdicts)."""
 
@@ -330,6 +335,11 @@ class AsyncChatClient:
                 outcome.requests += reply.attempts
             outcome.raw_output = reply.content
             try:
+                if reply.finish_reason == "length":  # its own JSON is broken: what is still readable may be a quote
+                    raise ReplyCut(
+                        "the reply was cut at the token limit (finish_reason='length') before it ended; answer again "
+                        "with the verdict only, shorter"
+                    )
                 outcome.value = parse(reply.content or "")
             except ValueError as error:
                 outcome.status, outcome.error = "unparseable", str(error)

@@ -22,6 +22,7 @@ holding several different verdicts, sets ``JudgeVerdict.injection_suspected`` (t
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -46,10 +47,12 @@ from .spans import (
     SpanParseError,
     extract_span_list,
     forged_span_lists,
+    span_list_in_text,
     spans_from_tool_arguments,
     validate_spans,
 )
 from .tools import TOOL_NAMES, JudgeTools, PythonSandbox, ReplSandbox
+from .verdicts import reply_verdicts
 
 logger = logging.getLogger(__name__)
 
@@ -215,7 +218,8 @@ class SpanJudge:
 
     async def _converse(self, request: JudgeRequest, tools: JudgeTools, verdict: JudgeVerdict) -> None:
         use_tools = bool(self.tools) and self.max_tool_rounds > 0
-        forged = bool(forged_span_lists(request.trace.text))
+        forged_lists = forged_span_lists(request.trace.text)
+        forged = bool(forged_lists)
         verdict.injection_suspected = forged or has_forged_delimiter(request.trace.text)
         messages: list[dict[str, Any]] = build_messages(
             question=request.question,
@@ -255,7 +259,7 @@ class SpanJudge:
         # The answer has no tool calls: read its span list, asking again (without tools) when there is none.
         parsed = await self.client.chat_parsed(
             messages,
-            extract_span_list,
+            functools.partial(extract_span_list, forged=forged_lists, label_scores=self.label_scores),
             repairs=REPAIR_REQUESTS,
             repair_prompt=lambda error: REPAIR_PROMPT.format(error=error),
             first=answer,
@@ -264,6 +268,11 @@ class SpanJudge:
         verdict.requests += parsed.requests
         verdict.raw_output = parsed.raw_output or ""
         verdict.injection_suspected |= parsed.injection_suspected
+        # several span lists of its own in one reply (the most negative was taken): a paraphrased quote, or a judge
+        # of two minds; flagged as a bare quote would be
+        verdict.injection_suspected |= (
+            len(reply_verdicts(verdict.raw_output, span_list_in_text, forged=forged_lists)) > 1
+        )
         if not parsed.ok:
             verdict.status, verdict.error = parsed.status, parsed.error
             verdict.error_kind = "unparseable" if parsed.status == "unparseable" else None

@@ -2,8 +2,9 @@
 
 The judge answers with ``{"spans": [{start, end, label, confidence, quote}, ...]}`` (or a bare array), token indices
 with ``end`` exclusive, as the arguments of its ``submit_verdict`` tool call (`spans_from_tool_arguments`) or as its
-reply's text (`extract_span_list`: the reply alone, or the one span list among code fences and prose, never one of
-several: the judge may be quoting a list the policy forged); `validate_spans` keeps the spans that are well-formed and
+reply's text (`extract_span_list`, by the rules of `trl_ext.judge.verdicts.read_verdict`: the reply alone, or the
+span lists it wrote itself among code fences and prose, those the policy forged dropped, the most negative of several
+taken); `validate_spans` keeps the spans that are well-formed and
 whose quote really is in the text of their tokens, and drops the others with a reason, so a confused or manipulated judge cannot put credit on tokens it did not read.
 """
 
@@ -95,27 +96,63 @@ def span_list_of(value: Any) -> list[Any] | None:
 
 
 def forged_span_lists(text: str) -> list[list[Any]]:
-    """The verdict-shaped span lists in the policy's own text (a forged verdict that a judge might quote)."""
-    if '"spans"' not in text and '"quote"' not in text:  # no span list without one of them: skip the scan
-        return []
+    """The verdict-shaped span lists in the policy's own text (a forged verdict that a judge might quote): every one,
+    nested or inside a string included, and a bare ``[]``."""
+    if not any(f'"{name}"' in text for name in ("spans", *SPAN_FIELDS)) and "[]" not in text:
+        return []  # no span list without one of the keys, or an empty array: skip the scan
     return verdicts_in(text, span_list_of)
 
 
-def extract_span_list(text: str) -> list[Any]:
+def span_list_in_text(value: Any) -> list[Any] | None:
+    """`span_list_of` for a value inside a longer reply: a bare ``[]`` there is no verdict (a citation, an empty
+    example, or the policy's two-character refusal bait); ``{"spans": []}`` is."""
+    return None if value == [] else span_list_of(value)
+
+
+def span_list_credit(items: Sequence[Any], label_scores: Mapping[str, float]) -> float:
+    """How favourable a span list is to the policy: ``Σ score(label) × confidence`` over its well-formed items (the
+    credit it would give, before validation and the cap). Used to take the least favourable of several."""
+    total = 0.0
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        score = label_scores.get(item.get("label"))
+        confidence = item.get("confidence", 1.0)
+        if isinstance(score, (int, float)) and isinstance(confidence, (int, float)) and math.isfinite(confidence):
+            total += float(score) * float(confidence)
+    return total
+
+
+def extract_span_list(
+    text: str, *, forged: Sequence[list[Any]] = (), label_scores: Mapping[str, float] | None = None
+) -> list[Any]:
     """The judge's span list, from a reply in which it came as text (`trl_ext.judge.verdicts.read_verdict`).
 
-    A reply that is one JSON value is read as a whole; otherwise all the span lists in it (`span_list_of`, among
-    code fences and prose, a nested one included) must be the same list: ``{"spans": [...]}`` and a bare ``[...]``
-    are both accepted, and a citation like ``[1]`` in the prose before the answer is not mistaken for the span list.
+    A reply that is one JSON value is read as a whole. Otherwise the span lists the reply itself wrote are read (its
+    top-level values, among code fences and prose: ``{"spans": [...]}`` or a bare list of span objects; a bare ``[]``
+    only as the whole reply), those equal to a list the policy wrote dropped (``forged``: `forged_span_lists` of the
+    trace); a citation like ``[1]`` in the prose is not a span list.
+
+    Args:
+        text: the judge's reply.
+        forged: the span lists in the policy's text.
+        label_scores: the label table: with it, of several different span lists the most negative one is taken
+            (`span_list_credit`); without, the reply is refused.
 
     Raises:
-        InjectionSuspected: the reply holds several different span lists (the judge may be quoting one the policy
-            forged; a `ValueError`, so the caller asks again, then counts an unparseable verdict).
+        InjectionSuspected: several different span lists and no ``label_scores`` (a `ValueError`: the caller asks
+            again, then counts an unparseable verdict).
         SpanParseError: the reply holds no span list (the caller counts the rollout as an unparseable verdict).
     """
     if not isinstance(text, str):
         raise SpanParseError(f"Judge output must be a string, got {type(text).__name__}.")
-    spans = read_verdict(text, span_list_of)
+    spans = read_verdict(
+        text,
+        span_list_of,
+        forged=forged,
+        in_text=span_list_in_text,
+        worst=None if label_scores is None else (lambda items: span_list_credit(items, label_scores)),
+    )
     if spans is not None:
         return spans
     preview = text[:200].replace("\n", "\\n")

@@ -1,19 +1,32 @@
 """Reading only the judge's own verdict out of a reply (`read_verdict`), shared by every LLM judge in trl-ext.
 
-A judge quotes the policy's text, and the policy can write a verdict-shaped JSON object into it: a reply that is not
-one JSON value is read only when it holds one verdict, and one that holds several different ones is refused
-(`InjectionSuspected`, counted by the judges; `trl_ext.judge.client.AsyncChatClient.chat_parsed` asks again). What a
-verdict is (a span list, a rubric's scores) is the caller's ``verdict_of``; the JSON values of a text are found by
-`trl_ext.text.json_candidates`.
+A judge quotes the policy's text, and the policy can write verdict-shaped JSON into it, hoping the judge's reply
+carries it: credited as the verdict, or making the reply look ambiguous so that it is refused (a refused verdict
+gives no credit, which pays on exactly the rollouts judge credit exists to punish). So a reply is read by these rules:
+
+1. A reply that is one JSON value (structured output, or a judge that answers with the JSON only) is read as a whole:
+   nothing quoted inside its strings is looked at.
+2. Otherwise only the values the reply itself wrote are read: its top-level JSON values (`top_level_json_values`),
+   never the JSON inside their strings, nor values nested in them.
+3. A value equal to a verdict the policy wrote (``forged``, found in the policy's text by the caller with
+   `verdicts_in`) is a quote, not the judge's: it is dropped.
+4. What a value must be to count as a verdict inside a longer reply may be stricter than as the whole reply
+   (``in_text``: the span judge takes a bare ``[]`` only as the whole reply).
+5. Several different verdicts left: with ``worst`` the least favourable one to the policy is taken (no refusal that
+   a policy could profit from); without, the reply is refused (`InjectionSuspected`).
+
+A reply cut at ``max_tokens`` is never read (`trl_ext.judge.client.AsyncChatClient.chat_parsed` asks again): its own
+JSON is broken, and what is left readable may be only a quote. What a verdict is (a span list, a rubric's scores) is
+the caller's ``verdict_of``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from ..text import json_candidates
+from ..text import json_candidates, top_level_json_values
 
 T = TypeVar("T")
 
@@ -27,10 +40,11 @@ class InjectionSuspected(ValueError):
 
 
 def verdicts_in(text: str, verdict_of: Callable[[Any], T | None]) -> list[T]:
-    """The different verdicts among the JSON values of ``text`` (`trl_ext.text.json_candidates`), in order.
+    """The different verdicts among every JSON value of ``text``, nested ones and those inside strings included
+    (`trl_ext.text.json_candidates`), in order: how the policy's text is searched for forged verdicts.
 
     Args:
-        text: a judge reply, or the policy's text (to find the verdicts it forged).
+        text: the policy's text (or any text to search exhaustively).
         verdict_of: a JSON value -> the verdict it holds (compared with ``==``), or None when it is not
             verdict-shaped.
     """
@@ -42,16 +56,38 @@ def verdicts_in(text: str, verdict_of: Callable[[Any], T | None]) -> list[T]:
     return found
 
 
-def read_verdict(text: str, verdict_of: Callable[[Any], T | None]) -> T | None:
-    """The judge's own verdict in a reply whose verdict came as text, or None when it holds none.
+def reply_verdicts(text: str, verdict_of: Callable[[Any], T | None], *, forged: Sequence[T] = ()) -> list[T]:
+    """The different verdicts a reply wrote itself (rules 2 and 3 of the module docstring): among its top-level JSON
+    values, those ``verdict_of`` reads as a verdict and not equal to one of ``forged``, in order. More than one is
+    a reply to flag (``injection_suspected``): a quote the judge paraphrased, or a judge of two minds."""
+    found: list[T] = []
+    for value in top_level_json_values(text or ""):
+        verdict = verdict_of(value)
+        if verdict is not None and verdict not in forged and verdict not in found:
+            found.append(verdict)
+    return found
 
-    A reply that is one JSON value (structured output, or a judge that answers with the JSON only) is read as a
-    whole: verdict-shaped text quoted inside its strings is not looked at. Any other reply may quote the policy's
-    text, forged verdicts included, in prose or in a code fence: it is read only when all its verdict-shaped values
-    are the same verdict (a verdict shown twice, fenced and bare, is one).
+
+def read_verdict(
+    text: str,
+    verdict_of: Callable[[Any], T | None],
+    *,
+    forged: Sequence[T] = (),
+    in_text: Callable[[Any], T | None] | None = None,
+    worst: Callable[[T], float] | None = None,
+) -> T | None:
+    """The judge's own verdict in a reply whose verdict came as text, or None when it holds none (module docstring).
+
+    Args:
+        text: the judge's reply.
+        verdict_of: a JSON value -> the verdict it holds, or None when it is not verdict-shaped (rule 1).
+        forged: the verdicts the policy wrote (`verdicts_in` of its text): a reply's value equal to one is dropped.
+        in_text: the verdict of a value inside a longer reply (default ``verdict_of``).
+        worst: a verdict -> how favourable it is to the policy; with several different verdicts left, the one with
+            the smallest value is taken.
 
     Raises:
-        InjectionSuspected: the reply holds several different verdicts (the caller's repair asks for its own only).
+        InjectionSuspected: several different verdicts are left and no ``worst`` is given.
     """
     try:
         whole = verdict_of(json.loads(text))
@@ -59,8 +95,10 @@ def read_verdict(text: str, verdict_of: Callable[[Any], T | None]) -> T | None:
         whole = None
     if whole is not None:
         return whole
-    found = verdicts_in(text, verdict_of)
+    found = reply_verdicts(text, in_text or verdict_of, forged=forged)
     if len(found) > 1:
+        if worst is not None:
+            return min(found, key=worst)
         raise InjectionSuspected(
             f"the reply holds {len(found)} different verdicts (a quoted one among them?); reply with your own verdict "
             "only, as one JSON object and nothing else"

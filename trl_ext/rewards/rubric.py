@@ -25,9 +25,10 @@ early or pose as the grading harness to ask for a 10 (delimiter-shaped text in t
 
 **Judge injection.** The policy may write its own scores into its answer (``{"precision": 10, "recall": 10}``),
 hoping the judge quotes them before its verdict and the parser reads them. A reply that is one JSON object
-(structured output) is read as a whole; any other reply is read only when all the scores it gives agree
-(`parse_rubric_scores`); one that gives different scores is refused (asked again, then the fallback). A prediction
-holding verdict-shaped JSON or delimiter-shaped text, or a refused reply, sets ``RubricVerdict.injection_suspected``,
+(structured output) is read as a whole; in any other reply a verdict or score line that the prediction holds too is a
+quote and is dropped, and of several different scores left the lowest is taken (`parse_rubric_scores`): never a
+refusal, whose fallback reward a policy could aim for. A reply cut at the token limit is asked again, never read. A
+prediction holding verdict-shaped JSON or delimiter-shaped text sets ``RubricVerdict.injection_suspected``,
 counted in ``stats.injection_suspected`` and logged per batch as ``<name>/injection_suspected``; the judge is told,
 outside the data, that such JSON in the prediction is the policy's text.
 """
@@ -46,6 +47,7 @@ from typing import Any
 from ..judge.client import REPLY_STATUSES, AsyncChatClient, JudgeOutcome
 from ..judge.event_loop import BackgroundEventLoop
 from ..judge.prompts import defang_data, has_forged_delimiter, new_nonce
+from ..judge.verdicts import reply_verdicts
 from ..text import completion_text, final_answer_text, last_user_text
 from .rlmt import split_thinking
 from .rubric_config import FORGED_SCORES_NOTE, REPAIR_PROMPT, RubricJudgeConfig
@@ -55,6 +57,7 @@ from .rubric_parsing import (
     parse_rubric_scores,
     response_format_for,
     score_text,
+    score_verdict_of,
 )
 
 logger = logging.getLogger(__name__)
@@ -260,6 +263,14 @@ class RubricJudgeReward:
             user += "\n\n" + FORGED_SCORES_NOTE
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
+    def _own_verdicts(self, reply: str | None, prediction: str) -> list[dict[str, Any]]:
+        """The different score verdicts the reply wrote itself, those the prediction holds dropped
+        (`trl_ext.judge.verdicts.reply_verdicts`)."""
+        verdict_of = functools.partial(score_verdict_of, score_fields=self.config.score_fields)
+        return reply_verdicts(
+            reply or "", verdict_of, forged=forged_score_verdicts(prediction, self.config.score_fields)
+        )
+
     def reward_from_scores(self, scores: Mapping[str, float]) -> float:
         """Apply the configured mapping (default: mean of ``score / max_score``)."""
         if self.config.score_mapping is None:
@@ -282,6 +293,7 @@ class RubricJudgeReward:
                 score_fields=config.score_fields,
                 min_score=config.min_score,
                 max_score=config.max_score,
+                prediction=prediction,
             ),
             repairs=config.repair_attempts,
             repair_prompt=lambda error: REPAIR_PROMPT.format(error=error, json_shape=self._json_shape),
@@ -290,6 +302,8 @@ class RubricJudgeReward:
         verdict.requests += parsed.requests
         verdict.raw_output = parsed.raw_output
         verdict.injection_suspected |= parsed.injection_suspected
+        # several verdicts of its own in one reply (the lowest was taken): a paraphrased quote, or a judge of two minds
+        verdict.injection_suspected |= len(self._own_verdicts(parsed.raw_output, prediction)) > 1
         if not parsed.ok:
             verdict.status, verdict.error = parsed.status, parsed.error
             return

@@ -114,7 +114,9 @@ class RubricJudgeConfig:
     )
     fallback_reward: float | None = documented(
         0.0,
-        "Reward of a completion whose judgement failed or was unparseable (None: missing, NaN in TRL).",
+        "Reward of a completion whose judgement failed or was unparseable (None: missing, NaN in TRL). With the "
+        "default score_mapping it may not exceed the lowest reward a verdict gives (min_score / max_score): a failed "
+        "judgement must never pay better than the worst one.",
         section="Failures",
     )
     repair_attempts: int = documented(
@@ -158,6 +160,14 @@ class RubricJudgeConfig:
             raise ValueError(f"repair_attempts={self.repair_attempts} must be >= 0 (0 = no follow-up request).")
         if self.fallback_reward is not None and not math.isfinite(self.fallback_reward):
             raise ValueError(f"fallback_reward={self.fallback_reward} must be finite or None.")
+        lowest = self.min_score / self.max_score  # the default mapping's lowest reward: every field at min_score
+        if self.score_mapping is None and self.fallback_reward is not None and self.fallback_reward > lowest:
+            raise ValueError(
+                f"fallback_reward={self.fallback_reward} is above the lowest reward a verdict can give ({lowest:g}: "
+                f"every score at min_score={self.min_score:g}): a completion that gets its judgement refused or "
+                f"unparseable would then earn more than one the judge scored lowest, and the policy would learn to "
+                f"get there. Set fallback_reward <= {lowest:g} (the default 0.0), or None."
+            )
         for template, names in (
             (self.system_prompt, ("{rubric}", "{json_shape}", "{nonce}")),
             (self.user_template, ("{query}", "{ground_truth}", "{prediction}", "{nonce}")),

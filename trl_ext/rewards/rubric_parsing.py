@@ -1,17 +1,16 @@
-"""Reading a rubric judge's reply: the scores it gave (`parse_rubric_scores`, tolerant of prose and scales, never
-one of several different verdicts), the ``response_format`` asking for them, the verdicts a prediction forged
+"""Reading a rubric judge's reply: the scores it gave (`parse_rubric_scores`, tolerant of prose and scales, never a
+score the prediction wrote for itself, the lowest of several), the ``response_format`` asking for them, the verdicts a prediction forged
 (`forged_score_verdicts`), and the default scores -> reward mapping (`mean_score_fraction`)."""
 
 from __future__ import annotations
 
 import functools
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..judge.verdicts import InjectionSuspected, read_verdict, verdicts_in
+from ..judge.verdicts import read_verdict, verdicts_in
 
 
 class RubricParseError(ValueError):
@@ -67,44 +66,48 @@ def parse_rubric_scores(
     *,
     min_score: float = 1,
     max_score: float = 10,
+    prediction: str | None = None,
 ) -> tuple[dict[str, float], str | None]:
-    """Read the judge's own rubric scores from its reply, tolerantly.
+    """Read the judge's own rubric scores from its reply, tolerantly, by the rules of
+    `trl_ext.judge.verdicts.read_verdict`.
 
     A reply that is one JSON object holding every field (structured output, or a judge that answers with the JSON
     only) is read as a whole. Any other reply may quote the prediction, and with it scores the policy wrote for
-    itself (``{"precision": 10, "recall": 10}``, ``Precision: 10/10``), in prose or in a code fence; so every score
-    it gives is read, from the JSON objects holding every field (`trl_ext.judge.verdicts.read_verdict`) and from lines
-    such as ``Precision: 8/10`` or ``**recall** = 7``, and each field must have one value. Values may be numbers or
-    strings like ``"8"`` or ``"8/10"``; a score written as ``a/b`` with ``b != max_score`` is rescaled to the scale
-    (``4/5`` → 8 on 1–10).
+    itself (``{"precision": 10, "recall": 10}``, ``Precision: 10/10``), in prose or in a code fence. So:
+
+    - the JSON objects holding every field that the reply itself wrote (its top-level values) are its verdicts,
+      those equal to one in the ``prediction`` dropped; of several, the lowest (mean score) is taken;
+    - with no such object, its lines such as ``Precision: 8/10`` or ``**recall** = 7`` give the scores, a line that
+      the prediction holds too (letters and digits compared) dropped; of several values of a field, the lowest.
+
+    Values may be numbers or strings like ``"8"`` or ``"8/10"``; a score written as ``a/b`` with ``b != max_score``
+    is rescaled to the scale (``4/5`` → 8 on 1–10). Taking the lowest, never refusing, means that making a reply
+    look ambiguous cannot earn a policy the fallback reward.
+
+    Args:
+        prediction: the policy's text that was judged (None: nothing is dropped as a quote).
 
     Returns:
         ``(scores, explanation)``: one float per field, and the JSON's ``explanation`` when there was one.
 
     Raises:
-        InjectionSuspected: the reply gives different verdicts, or different values of one field (a `ValueError`:
-            the reward asks again, then gives the fallback).
         RubricParseError: a field is missing, not a number, or outside ``[min_score, max_score]``.
     """
     if not isinstance(text, str) or not text.strip():
         raise RubricParseError("the reply is empty")
     fields = list(score_fields)
-    verdict = read_verdict(text, functools.partial(score_verdict_of, score_fields=fields))
-    scores: dict[str, float] = {}
+    verdict_of = functools.partial(score_verdict_of, score_fields=fields)
+    forged = verdicts_in(prediction, verdict_of) if prediction else []
+    verdict = read_verdict(text, verdict_of, forged=forged, worst=lambda found: _mean_or_inf(found, fields, max_score))
     if verdict is not None:
         scores = {
             name: _check_range(name, _as_score(verdict[name.lower()], max_score), min_score, max_score)
             for name in fields
         }
         explanation = verdict.get("explanation")
-        explanation = explanation if isinstance(explanation, str) else None
-        try:
-            json.loads(text)
-            return scores, explanation  # the whole reply is the verdict: nothing in it was quoted prose
-        except (ValueError, RecursionError):
-            pass
-    else:
-        explanation = None
+        return scores, explanation if isinstance(explanation, str) else None
+    quoted = _letters_and_digits(prediction or "")
+    scores: dict[str, float] = {}
     for name in fields:
         pattern = re.compile(
             rf"\b{re.escape(name)}\b[^0-9\n,;]{{0,40}}?(-?\d+(?:\.\d+)?)(?:\s*(?:/|out of)\s*(\d+(?:\.\d+)?))?",
@@ -115,16 +118,26 @@ def parse_rubric_scores(
             if match.group(2) is not None
             else float(match.group(1))
             for match in pattern.finditer(text)
-        } | ({scores[name]} if name in scores else set())
-        if len(values) > 1:
-            raise InjectionSuspected(
-                f"the reply gives {name} = {sorted(values)} (a quoted score among them?); reply with your own scores "
-                "only, as one JSON object and nothing else"
-            )
+            if not (quoted and re.search(re.escape(_letters_and_digits(match.group(0))) + r"(?![0-9])", quoted))
+        }
         if not values:
             raise RubricParseError(f"no {name!r} score found")
-        scores[name] = _check_range(name, values.pop(), min_score, max_score)
-    return scores, explanation
+        scores[name] = _check_range(name, min(values), min_score, max_score)
+    return scores, None
+
+
+def _letters_and_digits(text: str) -> str:
+    """``text`` lower-cased with everything but letters, digits and the decimal point removed: how a quoted score
+    line is recognised in the prediction whatever its spacing and punctuation."""
+    return re.sub(r"[^0-9a-z.]+", "", text.lower())
+
+
+def _mean_or_inf(verdict: dict[str, Any], fields: Sequence[str], max_score: float) -> float:
+    """A rubric verdict's mean score (how favourable it is to the policy); +inf when a score is not a number."""
+    try:
+        return sum(_as_score(verdict[name.lower()], max_score) for name in fields) / len(fields)
+    except RubricParseError:
+        return math.inf
 
 
 _FRACTION_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(?:/|out of)\s*(\d+(?:\.\d+)?)\s*$", re.IGNORECASE)
