@@ -1265,3 +1265,27 @@ def test_4_the_repls_memory_budget_leaves_the_trainer_the_rest_of_its_group():
     assert repl_memory_budget(2**30, ram) == 2**29  # half of a 1 GiB trainer group, whole pages
     assert repl_memory_budget(2**30 + 4095, ram) % 4096 == 0
     assert repl_memory_budget(9223372036854771712, ram) is None  # an unlimited group: no budget
+
+
+def test_4_a_rollout_spreading_its_queries_over_cells_stops_at_the_trees_budget():
+    """Each cell stays within its own budget; the tree's (every node, every cell) stops the rollout as a whole: per
+    cell alone, a tree could send cells x nodes times max_cell_queries (one root with 4 children sent 1,276)."""
+    code = (
+        "for i in range(3):\n    try:\n        llm_query('x')\n        print('ok')\n"
+        "    except RuntimeError as error:\n        print(str(error)[:400])"
+    )
+    cell = f"```repl\n{code}\n```"
+    tree, stats = _run_engine([cell, cell, cell, "FINAL(done)"], max_cell_queries=4, max_tree_queries=7)
+    calls = [len(turn.llm_calls) for turn in tree.root.turns]
+    assert calls == [3, 3, 1, 0] and sum(calls) == 7  # every cell under its 4, the tree stopped at 7
+    third = tree.root.turns[2].repl_result.stdout.splitlines()
+    assert third[0] == "ok" and all("(max_tree_queries=7); this rollout's query budget" in line for line in third[1:])
+    assert stats.over_budget_queries == 2 and tree.final_answer == "done"
+
+
+def test_4_the_trees_character_budget_counts_every_cell():
+    code = "try:\n    llm_query('y' * 600)\n    print('ok')\nexcept RuntimeError as error:\n    print(error)"
+    cell = f"```repl\n{code}\n```"
+    tree, _ = _run_engine([cell, cell, cell, "FINAL(done)"], max_tree_query_chars=1_500)
+    outputs = [turn.repl_result.stdout.strip() for turn in tree.root.turns[:3]]
+    assert outputs[:2] == ["ok", "ok"] and "(max_tree_query_chars=1,500)" in outputs[2], outputs

@@ -91,7 +91,8 @@ class EngineStats:
         children: child nodes started; degraded_rlm_queries: ``rlm_query`` prompts answered by a plain completion
             (depth or budget limit); refused_queries: query calls refused (too many prompts, a prompt too long,
             the cell's query budget spent); over_budget_queries: those of them refused for the cell's budget
-            (``max_cell_queries``, ``max_cell_query_chars``, ``max_cell_query_tokens``, ``max_cell_query_time_s``).
+            (``max_cell_queries``, ``max_cell_query_chars``, ``max_cell_query_tokens``, ``max_cell_query_time_s``)
+            or the tree's (``max_tree_queries``, ``max_tree_query_chars``).
         llm_queries: plain completions requested by code (degraded ``rlm_query`` prompts included).
         repl_cells: cells run; repl_errors: cells that raised; repl_timeouts: cells killed at the time limit;
             repl_crashes: cells whose interpreter died; repl_restarts: cells run in a restarted interpreter;
@@ -141,6 +142,12 @@ class _Run:
     # id(node) -> where it sits in its tree, whatever the timing: () for a root, the parent's path plus
     # (turn, query call, prompt index) of the call that started it for a child
     path_of: dict[int, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
+    # tree index -> what the query calls of the whole tree (every node, every cell) have used so far
+    tree_queries: dict[int, CellQueryUse] = field(default_factory=dict)
+
+    def tree_query_use(self, node: RolloutNode) -> CellQueryUse:
+        """What the query calls of ``node``'s whole tree have used so far (`trl_ext.rlm.queries.tree_budget_refusal`)."""
+        return self.tree_queries.setdefault(self.tree_of[id(node)], CellQueryUse())
 
     def request_key(self, node: RolloutNode, turn_index: int, request_index: int = -1, offset: int = 0) -> tuple:
         """A generation request's place in the rollouts, independent of timing: the tree, the node's path, the turn,

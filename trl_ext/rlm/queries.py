@@ -3,7 +3,8 @@
 A call is checked before anything is tokenized or generated: its number of prompts (``max_llm_queries`` per plain
 call, ``max_children`` per recursive one), the length of each query text (``max_query_prompt_chars``), then the
 cell's query budget (`CellQueryUse`, `query_budget_refusal`: prompts, characters, generated tokens and wall time per
-REPL cell), then each plain prompt's token count; a refused call raises `QueryRefused` into the model's code. An
+REPL cell; `tree_budget_refusal`: prompts and characters of a root's whole tree, every node and cell), then each plain
+prompt's token count; a refused call raises `QueryRefused` into the model's code. An
 accepted call starts a child node per ``rlm_query`` prompt (within ``max_depth`` and ``max_total_children``; the
 others are degraded to plain completions) and sends its plain completions to the run's `WaveScheduler`.
 
@@ -84,6 +85,29 @@ def query_budget_refusal(
     return None
 
 
+def tree_budget_refusal(
+    config: RLMScaffoldConfig, used: CellQueryUse, function: str, texts: Sequence[str]
+) -> str | None:
+    """Why a call of `function` with query texts `texts` may not be made in a tree whose query calls (every node's,
+    every cell's) have used `used`, or None when it may: ``max_tree_queries`` prompts and ``max_tree_query_chars``
+    characters per root rollout. The per-cell budget alone lets a tree send cells × nodes times as much (one root
+    with 4 children sent 1,276 prompts at max_cell_queries=256). Returns what the model's code reads."""
+    advice = "this rollout's query budget is spent: answer with what you have"
+    if used.prompts + len(texts) > config.max_tree_queries:
+        return (
+            f"{function} asked for {len(texts)} prompt(s), but this rollout (the root and all its sub-agents) may send "
+            f"only {config.max_tree_queries - used.prompts} more (max_tree_queries={config.max_tree_queries}); {advice}"
+        )
+    chars = sum(len(text) for text in texts)
+    if used.prompt_chars + chars > config.max_tree_query_chars:
+        return (
+            f"{function} sends {chars:,} characters, but this rollout may send only "
+            f"{config.max_tree_query_chars - used.prompt_chars:,} more (max_tree_query_chars="
+            f"{config.max_tree_query_chars:,}); {advice}"
+        )
+    return None
+
+
 class QueryAnswering:
     """Answers the query calls of a node's code; `trl_ext.rlm.engine.RLMEngine` inherits it.
 
@@ -143,12 +167,17 @@ class QueryAnswering:
                     f"a query prompt of {len(text):,} characters is longer than max_query_prompt_chars="
                     f"{config.max_query_prompt_chars:,}; shorten it, or pass the text in parts (it starts {text[:80]!r})"
                 )
-        refusal = query_budget_refusal(config, used, request.function, texts)
+        tree_used = run.tree_query_use(node)
+        refusal = query_budget_refusal(config, used, request.function, texts) or tree_budget_refusal(
+            config, tree_used, request.function, texts
+        )
         if refusal is not None:
             stats.refused_queries += 1
             stats.over_budget_queries += 1
             raise QueryRefused(refusal)
-        used.prompt_chars += sum(len(text) for text in texts)  # counted even when refused for its tokens below
+        chars = sum(len(text) for text in texts)
+        used.prompt_chars += chars  # counted even when refused for its tokens below
+        tree_used.prompt_chars += chars
         llm_prompt_ids = [self._render([{"role": "user", "content": prompt}]) for prompt in llm_prompts]
         if config.max_prompt_tokens is not None:
             for prompt, ids in zip(llm_prompts, llm_prompt_ids):
@@ -162,6 +191,7 @@ class QueryAnswering:
         if request.recursive:
             stats.degraded_rlm_queries += len(prompts) - num_children
         used.prompts += len(prompts)
+        tree_used.prompts += len(prompts)
         join = Join(run.scheduler, len(prompts))
         for index in range(num_children):
             context = request.contexts[index] if request.contexts is not None else None

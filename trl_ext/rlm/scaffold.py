@@ -74,6 +74,8 @@ class RLMScaffoldConfig:
         what one REPL cell's queries may cost the trainer (their help texts;
         `trl_ext.rlm.queries.query_budget_refusal`); past it the model's code gets an error it can read, and the
         rollout goes on.
+    max_tree_queries, max_tree_query_chars: the same for one root rollout's whole tree, every node and cell
+        (`trl_ext.rlm.queries.tree_budget_refusal`).
 
     > REPL sandbox (see `trl_ext.rlm.repl.PythonREPL`)
 
@@ -128,6 +130,17 @@ class RLMScaffoldConfig:
         "Wall time one cell's queries may take together (tokenizing, generating, waiting for children); once spent, "
         "the cell's further queries are refused. The cell's own run time is bounded by the sandbox's timeout_s.",
     )
+    max_tree_queries: int = documented(
+        1024,
+        "Query prompts one root rollout may send, its root and all its sub-agents together, over all their cells "
+        "(the per-cell budget alone lets a tree send cells x nodes times max_cell_queries); a call that would go past "
+        "it is refused. The default is 4 cells' worth: a bound on runaway trees, not a tuned value.",
+    )
+    max_tree_query_chars: int = documented(
+        4_000_000,
+        "Characters one root rollout's query prompts may have together, its root and all its sub-agents, over all "
+        "their cells; a call that would go past it is refused (4 cells' worth by default).",
+    )
     sandbox: SandboxLimits = field(
         default_factory=SandboxLimits, metadata={"help": "Limits and isolation of every REPL (SandboxLimits)."}
     )
@@ -157,7 +170,8 @@ class RLMScaffoldConfig:
 
     def __post_init__(self) -> None:
         positive = ("max_turns", "max_children", "max_total_children", "max_llm_queries", "max_query_prompt_chars")
-        for name in (*positive, "max_cell_queries", "max_cell_query_chars", "max_cell_query_tokens"):
+        budgets = ("max_cell_queries", "max_cell_query_chars", "max_cell_query_tokens")
+        for name in (*positive, *budgets, "max_tree_queries", "max_tree_query_chars"):
             _check_int(name, getattr(self, name), minimum=1)
         time_s = self.max_cell_query_time_s
         if isinstance(time_s, bool) or not isinstance(time_s, (int, float)) or not time_s > 0:
@@ -237,6 +251,8 @@ class ScaffoldArguments:
     max_cell_query_chars: int = _argument("max_cell_query_chars")
     max_cell_query_tokens: int = _argument("max_cell_query_tokens")
     max_cell_query_time_s: float = _argument("max_cell_query_time_s")
+    max_tree_queries: int = _argument("max_tree_queries")
+    max_tree_query_chars: int = _argument("max_tree_query_chars")
     max_batch_size: int | None = _argument("max_batch_size")
     max_batch_wait_s: float | None = _argument("max_batch_wait_s")
     rlm_helpers: str | None = field(
@@ -290,6 +306,8 @@ _LIMITS = (
     "max_cell_query_chars",
     "max_cell_query_tokens",
     "max_cell_query_time_s",
+    "max_tree_queries",
+    "max_tree_query_chars",
     "max_batch_size",
     "max_batch_wait_s",
 )
