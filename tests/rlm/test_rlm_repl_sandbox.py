@@ -449,11 +449,39 @@ def _localhost_server() -> tuple[socket.socket, int]:
     return server, server.getsockname()[1]
 
 
-def test_process_isolation_does_not_stop_the_network():
+def test_process_isolation_takes_tcp_away_where_landlock_can():
     server, port = _localhost_server()
-    with server, PythonREPL(timeout_s=3, isolation="process") as repl:
-        code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1).close()\nprint('reached')"
-        assert repl.execute(code).stdout == "reached\n"  # documented non-guarantee
+    code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1).close()\nprint('reached')"
+    with server:
+        with PythonREPL(timeout_s=3, isolation="process") as repl:
+            result = repl.execute(code)
+        if sandbox_module.host_support().landlock_abi >= 4:  # e.g. the served policy's dev-mode endpoint, refused
+            assert "PermissionError" in (result.error or ""), result
+        else:
+            assert result.stdout == "reached\n"  # documented non-guarantee without Landlock's TCP rules
+        with PythonREPL(timeout_s=3, isolation="process", network=True) as repl:  # asked for: the network stays
+            assert repl.execute(code).stdout == "reached\n"
+
+
+@pytest.mark.skipif(sandbox_module.host_support().landlock_abi < 1, reason="this kernel has no Landlock")
+def test_process_isolation_keeps_writes_in_the_repls_home():
+    """Two process-backend REPLs share the host's /tmp, /var/tmp and /dev/shm: with Landlock neither may create a
+    file there (no channel between REPLs through them), while its own home (and TMPDIR, which is it) works."""
+    probe = (
+        "import os, tempfile\n"
+        "for path in ('/tmp/trl_ext_ll', '/var/tmp/trl_ext_ll', '/dev/shm/trl_ext_ll'):\n"
+        "    try:\n        open(path, 'w').write('x'); print('wrote', path)\n"
+        "    except PermissionError:\n        print('denied', path)\n"
+        "open('mine.txt', 'w').write('ok'); print(open('mine.txt').read())\n"
+        "with tempfile.NamedTemporaryFile() as f: f.write(b'x'); print('tempfile ok')\n"
+        "open(os.devnull, 'w').write('x'); print('devnull ok')"
+    )
+    with PythonREPL(timeout_s=3, isolation="process") as repl:
+        out = repl.execute(probe).stdout.splitlines()
+    assert out == [
+        "denied /tmp/trl_ext_ll", "denied /var/tmp/trl_ext_ll", "denied /dev/shm/trl_ext_ll",
+        "ok", "tempfile ok", "devnull ok",
+    ]  # fmt: skip
 
 
 def _namespace_available() -> bool:

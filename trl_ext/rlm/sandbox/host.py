@@ -62,6 +62,8 @@ class HostSupport:
         cgroups: None when memory, pids and freezer groups can be created, else why not.
         seccomp: None when the syscall filter can be installed (x86_64 Linux), else why not.
         as_root: the trainer runs as root (REPLs then get private uids).
+        landlock_abi: the kernel's Landlock ABI version (0: none); the process backend applies it (>= 4: TCP too,
+            >= 6: signals and abstract sockets too).
     """
 
     namespaces: str | None
@@ -69,6 +71,7 @@ class HostSupport:
     cgroups: str | None
     seccomp: str | None
     as_root: bool
+    landlock_abi: int = 0
 
 
 _host_lock = threading.Lock()
@@ -86,6 +89,7 @@ def host_support(refresh: bool = False) -> HostSupport:
                 cgroups=None if {"memory", "pids", "freezer"} <= set(dirs) else _cgroup_problem(dirs),
                 seccomp=_probe_seccomp(),
                 as_root=os.geteuid() == 0,
+                landlock_abi=_probe_landlock(),
             )
         return _host
 
@@ -128,6 +132,16 @@ def _probe_namespaces() -> str | None:
     if probe.returncode == 0:
         return None
     return (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
+
+
+def _probe_landlock() -> int:
+    """The kernel's Landlock ABI version (``landlock_create_ruleset`` with the version flag), 0 when it has none."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    import ctypes
+
+    result = ctypes.CDLL(None, use_errno=True).syscall(444, None, 0, 1)
+    return max(int(result), 0)
 
 
 def _probe_seccomp() -> str | None:
@@ -190,7 +204,13 @@ def resolve_isolation(limits: SandboxLimits) -> str:
     host = host_support()
     if limits.isolation == "process":
         if limits.network is False:
-            _warn_once("process-network", "isolation='process' cannot take the network away from model code.")
+            if host.landlock_abi >= 4:
+                _warn_once(
+                    "process-network",
+                    "isolation='process' takes TCP away from model code (Landlock) but not UDP or unix sockets.",
+                )
+            else:
+                _warn_once("process-network", "isolation='process' cannot take the network away from model code.")
         return "process"
     if host.namespaces is None:
         return "namespace"
@@ -227,11 +247,18 @@ def isolation_report(limits: SandboxLimits) -> dict[str, Any]:
         else:
             isolated.append("network")
     else:
-        opened += [
-            "the host file system (world-readable files: datasets, checkpoints, the trainer's command line)",
-            "the network and local services (e.g. trl vllm-serve's weight-update endpoints)",
-            "/tmp and /dev/shm are the host's (files of a closed REPL are deleted, not hidden)",
-        ]
+        opened.append("the host file system to read (world-readable files: datasets, checkpoints, rollout trees)")
+        if host.landlock_abi > 0:
+            isolated.append(f"writes only beneath the REPL's home (Landlock ABI {host.landlock_abi})")
+        else:
+            opened.append("/tmp and /dev/shm are the host's to write (files of a closed REPL are deleted, not hidden)")
+        if host.landlock_abi >= 4 and not limits.network:
+            isolated.append("TCP connect and bind (Landlock)")
+            opened.append("UDP and unix sockets of the host (not TCP)")
+        else:
+            opened.append("the network and local services (e.g. trl vllm-serve's weight-update endpoints)")
+        if host.landlock_abi >= 6:
+            isolated.append("signals and abstract unix sockets outside the REPL (Landlock scopes)")
     if host.cgroups is None:
         isolated.append("per-REPL memory, processes, CPU, freezing between cells (control groups)")
     else:

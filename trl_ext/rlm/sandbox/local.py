@@ -317,6 +317,9 @@ class LocalBackend(SandboxBackend):
             "bind_paths": list(runtime_paths()),
             "disk_mb": limits.disk_mb,
             "seccomp": host.seccomp is None,
+            # The process backend shares the host's file system and network: Landlock keeps its writes in its home,
+            # TCP away unless limits.network, and its signals and abstract sockets inside it (docs/security.md).
+            "landlock": not self.namespace and host.landlock_abi > 0,
             # Killing every other process of the sandbox is only safe with a private uid or PID namespace.
             "reap_strays": lease is not None or self.namespace,
             "import_paths": list(interpreter_import_paths()),

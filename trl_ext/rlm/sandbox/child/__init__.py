@@ -15,6 +15,7 @@ anything produced by model-written code.
 
 Modules, in the order they are joined: `syscalls` (ctypes and Linux constants), `wire` (framed messages),
 `confine` (control groups, namespaces, rlimits, privileges, import paths), `seccomp` (the syscall filter),
+`landlock` (the process backend's file-system and network rules),
 `server` (the REPL itself), `supervisor`, `zygote`, and `main` (the life of one REPL, step by step).
 """
 
@@ -27,7 +28,7 @@ from pathlib import Path
 
 __all__ = ["BOOT", "MODULES", "SERVER_FILENAME", "server_code"]
 
-MODULES = ("syscalls", "wire", "confine", "seccomp", "server", "supervisor", "zygote", "main")
+MODULES = ("syscalls", "wire", "confine", "seccomp", "landlock", "server", "supervisor", "zygote", "main")
 # The filename of the server's frames in tracebacks, which the server leaves out of what the model reads.
 SERVER_FILENAME = "<sandbox>"
 # The only code given on the command line: it reads the length-prefixed server code and runs it.

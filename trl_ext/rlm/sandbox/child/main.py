@@ -12,6 +12,8 @@
    namespace), installs the seccomp filter, kills anything left over under its uid, and points the import
    system at ``/proc/self/fd/<n>`` for directories the uid cannot traverse (process backend); its stdout and
    stderr leave the start-up log on the trainer's disk for an unlinked file in its own home (`_private_output`);
+   the process backend then applies Landlock where the kernel has it (`_install_landlock`: files written only
+   beneath its home, no TCP, no signals or abstract sockets outside it);
 4. it receives the init payload (``context``, helper source, helper objects), runs the helpers, reports ready;
 5. it serves cells until told to close or until the parent's end of the pipe closes.
 """
@@ -28,6 +30,7 @@ from .confine import (
     _open_import_dirs,
     _rewrite_import_paths,
 )
+from .landlock import _install_landlock
 from .seccomp import _install_seccomp
 from .server import _format_exception, _private_output, _reap_strays, _Server
 from .supervisor import _supervise
@@ -77,6 +80,8 @@ def main():
     _private_output()  # from here on, output goes to the REPL's own disk, not to the log on the trainer's
     if config["reap_strays"]:
         _reap_strays()  # leftovers of an earlier session that used the same private uid
+    if config["landlock"]:  # after the reaping: Landlock's signal scope would keep it from the leftovers
+        _install_landlock(config["home"], config["network"])
     if config["namespace"]:
         sys.path[:] = config["import_paths"]
     else:
