@@ -48,6 +48,19 @@ class CellQueryUse:
     time_s: float = 0.0
 
 
+CELL_ADVICE = "use what you have, or go on in the next cell (the budget is per cell)"
+# scope -> (who may send, the prompts limit's name, the characters limit's name, the advice)
+_SCOPES = {
+    "cell": ("this cell", "max_cell_queries", "max_cell_query_chars", CELL_ADVICE),
+    "tree": (
+        "this rollout (the root and all its sub-agents)",
+        "max_tree_queries",
+        "max_tree_query_chars",
+        "this rollout's query budget is spent: answer with what you have",
+    ),
+}
+
+
 def query_budget_refusal(
     config: RLMScaffoldConfig, used: CellQueryUse, function: str, texts: Sequence[str]
 ) -> str | None:
@@ -59,19 +72,10 @@ def query_budget_refusal(
     call are known only once it is answered, so the call that crosses those two limits completes and the next one is
     refused. Returns what the model's code reads in its ``RuntimeError``.
     """
-    advice = "use what you have, or go on in the next cell (the budget is per cell)"
-    if used.prompts + len(texts) > config.max_cell_queries:
-        return (
-            f"{function} asked for {len(texts)} prompt(s), but this cell may send only "
-            f"{config.max_cell_queries - used.prompts} more (max_cell_queries={config.max_cell_queries}); {advice}"
-        )
-    chars = sum(len(text) for text in texts)
-    if used.prompt_chars + chars > config.max_cell_query_chars:
-        return (
-            f"{function} sends {chars:,} characters, but this cell may send only "
-            f"{config.max_cell_query_chars - used.prompt_chars:,} more (max_cell_query_chars="
-            f"{config.max_cell_query_chars:,}); {advice}"
-        )
+    refusal = _count_refusal(used, function, texts, config.max_cell_queries, config.max_cell_query_chars, scope="cell")
+    if refusal is not None:
+        return refusal
+    advice = CELL_ADVICE
     if used.generated_tokens >= config.max_cell_query_tokens:
         return (
             f"this cell's queries have generated {used.generated_tokens:,} tokens, their budget "
@@ -92,18 +96,25 @@ def tree_budget_refusal(
     every cell's) have used `used`, or None when it may: ``max_tree_queries`` prompts and ``max_tree_query_chars``
     characters per root rollout. The per-cell budget alone lets a tree send cells × nodes times as much (one root
     with 4 children sent 1,276 prompts at max_cell_queries=256). Returns what the model's code reads."""
-    advice = "this rollout's query budget is spent: answer with what you have"
-    if used.prompts + len(texts) > config.max_tree_queries:
+    return _count_refusal(used, function, texts, config.max_tree_queries, config.max_tree_query_chars, scope="tree")
+
+
+def _count_refusal(
+    used: CellQueryUse, function: str, texts: Sequence[str], max_prompts: int, max_chars: int, *, scope: str
+) -> str | None:
+    """The refusal of a call whose `texts` would take `used` past ``max_prompts`` prompts or ``max_chars``
+    characters in ``scope`` (`_SCOPES`), or None."""
+    who, prompts_name, chars_name, advice = _SCOPES[scope]
+    if used.prompts + len(texts) > max_prompts:
         return (
-            f"{function} asked for {len(texts)} prompt(s), but this rollout (the root and all its sub-agents) may send "
-            f"only {config.max_tree_queries - used.prompts} more (max_tree_queries={config.max_tree_queries}); {advice}"
+            f"{function} asked for {len(texts)} prompt(s), but {who} may send only {max_prompts - used.prompts} more "
+            f"({prompts_name}={max_prompts}); {advice}"
         )
     chars = sum(len(text) for text in texts)
-    if used.prompt_chars + chars > config.max_tree_query_chars:
+    if used.prompt_chars + chars > max_chars:
         return (
-            f"{function} sends {chars:,} characters, but this rollout may send only "
-            f"{config.max_tree_query_chars - used.prompt_chars:,} more (max_tree_query_chars="
-            f"{config.max_tree_query_chars:,}); {advice}"
+            f"{function} sends {chars:,} characters, but {who} may send only {max_chars - used.prompt_chars:,} more "
+            f"({chars_name}={max_chars:,}); {advice}"
         )
     return None
 
