@@ -84,12 +84,6 @@ def version_lags(sample_versions: Tensor, model_version: int, max_lag: int) -> T
     return (model_version - sample_versions.round().long()).clamp(0, max_lag)
 
 
-def _tokens_per_rank(inputs: dict[str, Tensor], num_processes: int) -> Tensor:
-    """TRL's first divisor of its summed PPO-clip loss: the micro-batch's loss tokens per rank (at least 1), float32
-    (`AsyncSeam.loss_normalizer` times the accumulation steps, which TRL divides by after it)."""
-    return (inputs["global_n_tokens"][0] / num_processes).clamp(min=1.0).to(torch.float32)
-
-
 def _log_ppo_clip_metrics(trainer: Any, forward: TreeForward, flags: dict[str, Tensor]) -> None:
     """TRL's metrics of its PPO-clip loss, computed as ``AsyncGRPOTrainer.compute_loss`` does: ``ratio``, ``kl``,
     ``entropy`` and ``clip_ratio/{low,high,region}_mean`` (float32 sums over all ranks, in one collective, over the
@@ -283,7 +277,7 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
                 forward.advantages,
                 epsilon_low=self.epsilon_low,
                 epsilon_high=self.epsilon_high,
-                normalizer=_tokens_per_rank(inputs, self.accelerator.num_processes),
+                normalizer=self.tokens_per_rank(inputs),
             )
             loss = self.add_aux_loss(loss / self.accumulation_steps, forward)  # TRL divides in this order
             _log_ppo_clip_metrics(self, forward, flags)

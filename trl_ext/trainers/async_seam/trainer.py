@@ -6,7 +6,8 @@ that the trainer itself names nothing private of TRL's.
   (the padding-free row, tree-attention keywords, fused LM head) and returns the selected tokens' tensors.
 - `record_micro_batch` adds the micro-batch to TRL's per-step accounting (tokens, samples, forward time), which TRL's
   ``compute_loss`` does and a loss computed by trl-ext must do too.
-- `loss_normalizer`, `log_metric`, `global_sums`, `mode`: TRL's normaliser, metric store and collectives.
+- `tokens_per_rank`, `loss_normalizer`, `log_metric`, `global_sums`, `mode`: TRL's normaliser, metric store and
+  collectives.
 - Faults and resuming (`faults`): a weight sync that cannot reach the server names it; TRL's own worker process, when it died, is named and reaped instead of hanging the
   run; a trl-ext worker's policy version counter is saved with each checkpoint and restored on resume.
 """
@@ -206,12 +207,15 @@ class AsyncSeam(AsyncGRPOTrainer):
         local = torch.stack([torch.as_tensor(value).detach().to(self.accelerator.device, dtype) for value in values])
         return self.accelerator.reduce(local, reduction="sum")
 
+    def tokens_per_rank(self, inputs: dict[str, Tensor]) -> Tensor:
+        """The micro-batch's loss tokens per rank (all ranks' count over the ranks, at least 1), float32: TRL's first
+        divisor of its summed PPO-clip loss, which then divides by the accumulation steps."""
+        return (inputs["global_n_tokens"][0] / self.accelerator.num_processes).clamp(min=1.0).to(torch.float32)
+
     def loss_normalizer(self, inputs: dict[str, Tensor]) -> Tensor:
-        """TRL's normaliser of a summed per-token loss: the micro-batch's loss tokens per rank (all ranks, at least
-        1) times the micro-batches of the optimizer step. DDP then averages the gradients over ranks, so every loss
-        token of the step weighs the same."""
-        tokens_per_rank = (inputs["global_n_tokens"][0] / self.accelerator.num_processes).clamp(min=1.0)
-        return tokens_per_rank.to(torch.float32) * self.accumulation_steps
+        """TRL's normaliser of a summed per-token loss: `tokens_per_rank` times the micro-batches of the optimizer
+        step. DDP then averages the gradients over ranks, so every loss token of the step weighs the same."""
+        return self.tokens_per_rank(inputs) * self.accumulation_steps
 
     def tree_forward(self, model: torch.nn.Module, inputs: dict[str, Tensor]) -> TreeForward:
         """TRL's forward of one collated micro-batch (``AsyncGRPOTrainer.compute_loss``'s): this rank's row without
