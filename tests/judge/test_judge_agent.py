@@ -242,7 +242,7 @@ def test_prompt_injection_in_the_trace_cannot_reach_the_instructions(tokenizer):
         assert [m["role"] for m in request["messages"]] == ["system", "user"]
         nonce = re.search(r"<<<(DATA-[0-9a-f]{16}) QUESTION", user["content"]).group(1)
         nonces.append(nonce)
-        systems.append(system["content"].replace(nonce, "NONCE"))
+        systems.append(system["content"].replace(nonce, "NONCE").replace(nonce.removeprefix("DATA-"), "HEX"))
         users.append(user["content"])
     # 1. The instructions are the same whatever the trace says, and the trace never reaches the system message.
     assert systems[0] == systems[1]

@@ -40,6 +40,7 @@ from .prompts import (
     SUBMIT_VERDICT_TOOL,
     build_messages,
     has_forged_delimiter,
+    new_nonce,
 )
 from .spans import (
     DroppedSpan,
@@ -52,7 +53,7 @@ from .spans import (
     validate_spans,
 )
 from .tools import TOOL_NAMES, JudgeTools, PythonSandbox, ReplSandbox
-from .verdicts import reply_verdicts
+from .verdicts import reply_verdicts, verdict_tag
 
 logger = logging.getLogger(__name__)
 
@@ -221,6 +222,8 @@ class SpanJudge:
         forged_lists = forged_span_lists(request.trace.text)
         forged = bool(forged_lists)
         verdict.injection_suspected = forged or has_forged_delimiter(request.trace.text)
+        nonce = new_nonce()
+        tag = verdict_tag(nonce)
         messages: list[dict[str, Any]] = build_messages(
             question=request.question,
             marked_trace=request.trace.marked,
@@ -233,6 +236,7 @@ class SpanJudge:
             tool_names=list(self.tools) if use_tools else [],
             max_rounds=self.max_tool_rounds if use_tools else 0,
             forged_verdict=forged,
+            nonce=nonce,
         )
         rounds = 0
         while True:
@@ -255,13 +259,13 @@ class SpanJudge:
             messages.append(answer.message)
             messages.extend(outputs)
             if rounds >= self.max_tool_rounds:
-                messages.append({"role": "user", "content": FINAL_ROUND_PROMPT})
+                messages.append({"role": "user", "content": FINAL_ROUND_PROMPT.format(tag=tag)})
         # The answer has no tool calls: read its span list, asking again (without tools) when there is none.
         parsed = await self.client.chat_parsed(
             messages,
-            functools.partial(extract_span_list, forged=forged_lists, label_scores=self.label_scores),
+            functools.partial(extract_span_list, forged=forged_lists, label_scores=self.label_scores, tag=tag),
             repairs=REPAIR_REQUESTS,
-            repair_prompt=lambda error: REPAIR_PROMPT.format(error=error),
+            repair_prompt=lambda error: REPAIR_PROMPT.format(error=error, tag=tag),
             first=answer,
             response_format=SPANS_RESPONSE_FORMAT,
         )
@@ -271,7 +275,7 @@ class SpanJudge:
         # several span lists of its own in one reply (the most negative was taken): a paraphrased quote, or a judge
         # of two minds; flagged as a bare quote would be
         verdict.injection_suspected |= (
-            len(reply_verdicts(verdict.raw_output, span_list_in_text, forged=forged_lists)) > 1
+            len(reply_verdicts(verdict.raw_output, span_list_in_text, forged=forged_lists, tag=tag)) > 1
         )
         if not parsed.ok:
             verdict.status, verdict.error = parsed.status, parsed.error

@@ -124,7 +124,11 @@ def span_list_credit(items: Sequence[Any], label_scores: Mapping[str, float]) ->
 
 
 def extract_span_list(
-    text: str, *, forged: Sequence[list[Any]] = (), label_scores: Mapping[str, float] | None = None
+    text: str,
+    *,
+    forged: Sequence[list[Any]] = (),
+    label_scores: Mapping[str, float] | None = None,
+    tag: str | None = None,
 ) -> list[Any]:
     """The judge's span list, from a reply in which it came as text (`trl_ext.judge.verdicts.read_verdict`).
 
@@ -138,6 +142,8 @@ def extract_span_list(
         forged: the span lists in the policy's text.
         label_scores: the label table: with it, of several different span lists the most negative one is taken
             (`span_list_credit`); without, the reply is refused.
+        tag: the request's `trl_ext.judge.verdicts.verdict_tag`: when the reply fences a section with it, only that
+            section is read.
 
     Raises:
         InjectionSuspected: several different span lists and no ``label_scores`` (a `ValueError`: the caller asks
@@ -152,6 +158,7 @@ def extract_span_list(
         forged=forged,
         in_text=span_list_in_text,
         worst=None if label_scores is None else (lambda items: span_list_credit(items, label_scores)),
+        tag=tag,
     )
     if spans is not None:
         return spans

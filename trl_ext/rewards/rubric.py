@@ -47,7 +47,7 @@ from typing import Any
 from ..judge.client import REPLY_STATUSES, AsyncChatClient, JudgeOutcome
 from ..judge.event_loop import BackgroundEventLoop
 from ..judge.prompts import defang_data, has_forged_delimiter, new_nonce
-from ..judge.verdicts import reply_verdicts
+from ..judge.verdicts import reply_verdicts, verdict_tag
 from ..text import completion_text, final_answer_text, last_user_text
 from .rlmt import split_thinking
 from .rubric_config import FORGED_SCORES_NOTE, REPAIR_PROMPT, RubricJudgeConfig
@@ -239,17 +239,19 @@ class RubricJudgeReward:
             self._loop = None
 
     def build_messages(
-        self, query: str, ground_truth: str, prediction: str, *, forged_scores: bool = False
+        self, query: str, ground_truth: str, prediction: str, *, forged_scores: bool = False, nonce: str | None = None
     ) -> list[dict[str, str]]:
         """The judge conversation for one prediction (system rubric, user message with nonce-fenced, defanged data);
-        ``forged_scores`` adds a note, outside the data, that the prediction holds verdict-shaped JSON."""
-        nonce = new_nonce()
+        ``forged_scores`` adds a note, outside the data, that the prediction holds verdict-shaped JSON; ``nonce``
+        (default: a new one) also makes the verdict's `trl_ext.judge.verdicts.verdict_tag`."""
+        nonce = nonce or new_nonce()
         config = self.config
         rubric = config.rubric.format(min_score=score_text(config.min_score), max_score=score_text(config.max_score))
         system = config.system_prompt.format(
             rubric=rubric,
             nonce=nonce,
             json_shape=self._json_shape,
+            verdict_tag=verdict_tag(nonce),
             min_score=score_text(config.min_score),
             max_score=score_text(config.max_score),
         )
@@ -263,12 +265,12 @@ class RubricJudgeReward:
             user += "\n\n" + FORGED_SCORES_NOTE
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
-    def _own_verdicts(self, reply: str | None, prediction: str) -> list[dict[str, Any]]:
+    def _own_verdicts(self, reply: str | None, prediction: str, tag: str) -> list[dict[str, Any]]:
         """The different score verdicts the reply wrote itself, those the prediction holds dropped
         (`trl_ext.judge.verdicts.reply_verdicts`)."""
         verdict_of = functools.partial(score_verdict_of, score_fields=self.config.score_fields)
         return reply_verdicts(
-            reply or "", verdict_of, forged=forged_score_verdicts(prediction, self.config.score_fields)
+            reply or "", verdict_of, forged=forged_score_verdicts(prediction, self.config.score_fields), tag=tag
         )
 
     def reward_from_scores(self, scores: Mapping[str, float]) -> float:
@@ -286,24 +288,29 @@ class RubricJudgeReward:
         config = self.config
         forged = bool(forged_score_verdicts(prediction, config.score_fields))
         verdict.injection_suspected = forged or has_forged_delimiter(prediction)
+        nonce = new_nonce()
+        tag = verdict_tag(nonce)
         parsed = await self.client.chat_parsed(
-            self.build_messages(query, ground_truth, prediction, forged_scores=forged),
+            self.build_messages(query, ground_truth, prediction, forged_scores=forged, nonce=nonce),
             functools.partial(
                 parse_rubric_scores,
                 score_fields=config.score_fields,
                 min_score=config.min_score,
                 max_score=config.max_score,
                 prediction=prediction,
+                tag=tag,
             ),
             repairs=config.repair_attempts,
-            repair_prompt=lambda error: REPAIR_PROMPT.format(error=error, json_shape=self._json_shape),
+            repair_prompt=lambda error: REPAIR_PROMPT.format(
+                error=error, json_shape=self._json_shape, verdict_tag=tag
+            ),
             response_format=self._response_format,
         )
         verdict.requests += parsed.requests
         verdict.raw_output = parsed.raw_output
         verdict.injection_suspected |= parsed.injection_suspected
         # several verdicts of its own in one reply (the lowest was taken): a paraphrased quote, or a judge of two minds
-        verdict.injection_suspected |= len(self._own_verdicts(parsed.raw_output, prediction)) > 1
+        verdict.injection_suspected |= len(self._own_verdicts(parsed.raw_output, prediction, tag)) > 1
         if not parsed.ok:
             verdict.status, verdict.error = parsed.status, parsed.error
             return

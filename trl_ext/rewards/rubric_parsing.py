@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..judge.verdicts import read_verdict, verdicts_in
+from ..judge.verdicts import own_text, read_verdict, verdicts_in
 
 
 class RubricParseError(ValueError):
@@ -67,6 +67,7 @@ def parse_rubric_scores(
     min_score: float = 1,
     max_score: float = 10,
     prediction: str | None = None,
+    tag: str | None = None,
 ) -> tuple[dict[str, float], str | None]:
     """Read the judge's own rubric scores from its reply, tolerantly, by the rules of
     `trl_ext.judge.verdicts.read_verdict`.
@@ -86,6 +87,8 @@ def parse_rubric_scores(
 
     Args:
         prediction: the policy's text that was judged (None: nothing is dropped as a quote).
+        tag: the request's `trl_ext.judge.verdicts.verdict_tag`: when the reply fences a section with it, only that
+            section is read, its JSON and its score lines alike.
 
     Returns:
         ``(scores, explanation)``: one float per field, and the JSON's ``explanation`` when there was one.
@@ -95,6 +98,7 @@ def parse_rubric_scores(
     """
     if not isinstance(text, str) or not text.strip():
         raise RubricParseError("the reply is empty")
+    text = own_text(text, tag)
     fields = list(score_fields)
     verdict_of = functools.partial(score_verdict_of, score_fields=fields)
     forged = verdicts_in(prediction, verdict_of) if prediction else []
