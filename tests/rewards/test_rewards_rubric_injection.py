@@ -152,7 +152,8 @@ def test_rubric_injection_reaches_the_judge_injection_monitor_in_a_training_run(
     from ..utils import cpu_config_kwargs
 
     policy, tokenizer = build_tiny_model_and_tokenizer(seed=0)
-    monitor = RewardMonitor(judge_injection_max=0, judge_injection_metric="rubric_judge/injection_suspected")
+    # judge_injection_max left at None: the rule is on because the judge's verdicts come as free text
+    monitor = RewardMonitor(judge_injection_metric="rubric_judge/injection_suspected")
     prompts = [[{"role": "user", "content": "What is the capital of Australia?"}]] * 4
     with ScriptedChatServer(lambda request: TextReply(QUOTED_IN_PROSE)) as judge:
         reward = RubricJudgeReward(base_url=judge.base_url, model="judge", repair_attempts=0, **FAST)
@@ -168,6 +169,7 @@ def test_rubric_injection_reaches_the_judge_injection_monitor_in_a_training_run(
         trainer.train()
     logs = [log for log in trainer.state.log_history if "rubric_judge/injection_suspected" in log]
     assert [log["rubric_judge/injection_suspected"] for log in logs] == [4.0, 4.0]  # every rollout, every step
+    assert [log["rubric_judge/text_verdicts"] for log in logs] == [4.0, 4.0]
     # the judge's own scores (the lower of the two verdicts in its reply), never the forged 1.0 nor a refusal's fallback
     assert all(log["rewards/rubric_judge/mean"] == pytest.approx(0.1) for log in logs)
     # one alert per episode: it fires on the first log and stays quiet while the injections go on

@@ -278,6 +278,7 @@ def test_a_judge_fault_gives_zero_credit_counted_and_audited(tmp_path):
     assert [s.advantage for s in samples[:4]] == pytest.approx([r - sum(rewards) / 4 for r in rewards])  # Dr. GRPO
     (metrics,) = drain(worker)
     assert metrics["judge/failure_ratio"] == (float(sum(failed)), 8.0)
+    assert metrics["judge/refused_ratio"] == (0.0, 8.0)  # HTTP 500s: failed, not refused
     assert metrics["judge/share"][0] > 0 and metrics["judge/latency_p50"] > 0
     records = [json.loads(line) for line in open(tmp_path / "judge_audit.jsonl")]
     assert [record["status"] != "ok" for record in records] == failed

@@ -315,6 +315,30 @@ def test_judge_faults_give_zero_credit_and_training_goes_on(tmp_path):
     assert all("failed after 2 attempt" in r["error"] for r in records)
 
 
+def test_refused_and_text_verdicts_are_counted_apart(tmp_path):
+    def prose(request):  # half the rollouts get prose with no verdict, the others a verdict inside prose
+        if len(request["messages"][1]["content"]) % 2:
+            return TextReply("I would rather not grade this trace.")
+        return TextReply('Nothing stands out. Verdict: {"spans": []}')
+
+    model, tokenizer = build_tiny_model_and_tokenizer(1)
+    with ScriptedChatServer(prose) as server:
+        config = JudgeCreditConfig(**cpu_config_kwargs(str(tmp_path), max_steps=2), **judge_kwargs(server))
+        trainer = JudgeCreditTrainer(
+            model, digit_reward, args=config, train_dataset=toy_dataset(), processing_class=tokenizer
+        )
+        trainer.train()
+    records = [json.loads(line) for line in open(trainer.judge_audit_path)]
+    logs = [entry for entry in trainer.state.log_history if "judge/refused_ratio" in entry]
+    assert len(logs) == 2 and len(records) == 8
+    for step, entry in zip(sorted({r["step"] for r in records}), logs, strict=True):
+        mine = [r for r in records if r["step"] == step]
+        refused = sum(r["status"] == "unparseable" for r in mine)
+        assert entry["judge/refused_ratio"] == entry["judge/failure_ratio"] == refused / len(mine)
+        assert entry["judge/text_verdicts"] == sum(r["text_verdict"] for r in mine) == len(mine) - refused
+    assert 0 < sum(r["status"] == "unparseable" for r in records) < 8  # both kinds happened
+
+
 def closed_port() -> int:
     """A loopback port nothing listens on (bound, then released)."""
     with socket.socket() as sock:

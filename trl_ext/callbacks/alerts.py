@@ -179,13 +179,14 @@ ALERTS: dict[str, AlertText] = {
         "judge's replies hold several different verdicts: reward hacking through the judge",
         check="the flagged rollouts in judge_audit.jsonl (injection_suspected), the completions, "
         "judge/injection_suspected",
-        message="Suspected judge injection: {value:g} rollouts in this log (above {judge_injection_max} for {streak} "
+        message="Suspected judge injection: {value:g} rollouts in this log (above {threshold:g} for {streak} "
         "logs) hold a forged verdict or data delimiter, or got a judge reply with several different verdicts. "
-        "Forged verdicts are never credited (the judge's own verdict is read from its tool call or structured "
-        "output, and a reply holding two verdicts is refused), but a policy that learns to write them is "
-        "searching for a path to reward through the judge. What to do: read the flagged completions; if the "
-        "judge's replies are refused often, enable structured output on the judge endpoint "
-        "(judge_structured_output='on') so its verdict never travels as free text.",
+        "Forged verdicts are never credited (the judge's own verdict is read from its tool call, its structured "
+        "output or its fenced section, a quote of the policy's text is dropped, and of several verdicts the least "
+        "favourable to the policy is taken), but a policy that learns to write them is searching for a path to "
+        "reward through the judge. What to do: read the flagged completions; if judge/text_verdicts is above 0, "
+        "use a judge endpoint with structured output (judge_structured_output='on') so its verdict never travels "
+        "as free text.",
     ),
     "stale_rollouts": AlertText(
         meaning="an asynchronous run throws away many rollouts as too old (more than half by default), or trains "

@@ -273,8 +273,10 @@ class RewardMonitorConfig(_Config):
     judge_patience: int = documented(2, "Consecutive logs before judge_failure.")
     judge_injection_max: float | None = documented(
         None,
-        "Suspected judge injections per log above this fire judge_injection (0: any); None (the default) disables "
-        "the rule, which a task whose answers are JSON with the judge's field names would fire on a healthy run.",
+        "Suspected judge injections per log above this fire judge_injection (0: any); None (the default) turns the "
+        "rule on (at 0) only for the logs where the judge's verdicts came as free text (judge/text_verdicts > 0: no "
+        "structured output), since a task whose answers are JSON with the judge's field names would fire it on a "
+        "healthy run.",
     )
     judge_injection_patience: int = documented(1, "Consecutive logs before judge_injection.")
     reward_metric: str = documented("reward", "Logged key of the mean reward.")

@@ -305,6 +305,12 @@ class EntropyMonitor(MonitorCallback):
 JUDGE_SPANS_METRIC = "judge/spans_per_rollout"  # logged by JudgeCreditTrainer: the judge's spans per rollout
 
 
+def text_verdicts_metric(injection_metric: str) -> str:
+    """The key of the verdicts read out of free text that goes with a judge's injection key
+    (``judge/injection_suspected`` -> ``judge/text_verdicts``, ``rubric_judge/…`` likewise)."""
+    return injection_metric.rsplit("/", 1)[0] + "/text_verdicts" if "/" in injection_metric else "text_verdicts"
+
+
 class RewardMonitor(MonitorCallback):
     """Watch the reward for collapse after a rise, the learning signal, and the LLM judge's failures.
 
@@ -321,8 +327,8 @@ class RewardMonitor(MonitorCallback):
         - ``judge_failure``: ``judge/failure_ratio`` > ``judge_failure_max`` for ``judge_patience`` logs (judge credit
           runs only; `judge_failure`).
         - ``judge_injection``: ``judge/injection_suspected`` > ``judge_injection_max`` for ``judge_injection_patience``
-          logs: the policy is suspected of forging the judge's verdict (off unless ``judge_injection_max`` is set;
-          `judge_injection`).
+          logs: the policy is suspected of forging the judge's verdict (off unless ``judge_injection_max`` is set, or
+          the log's verdicts came partly as free text, ``judge/text_verdicts`` > 0; `judge_injection`).
 
     Args:
         config: a `RewardMonitorConfig` (``smoothing``, ``min_rise``, ``max_drop``, ``collapse_patience``,
@@ -346,6 +352,10 @@ class RewardMonitor(MonitorCallback):
     def __init__(self, config: RewardMonitorConfig | None = None, **kwargs: Any):
         super().__init__(config, **kwargs)
         self._judge_credit = False  # `_configure`: the run blends judge credit into its advantages
+        self._text_verdicts = False  # `_check`: some verdicts of this log were read out of free text
+
+    def _rule_kwargs(self, rule: Rule) -> dict[str, Any]:
+        return {"text_verdicts": self._text_verdicts} if rule is judge_injection else {}
 
     def _configure(self, args: TrainingArguments, state: TrainerState) -> None:
         super()._configure(args, state)
@@ -358,6 +368,7 @@ class RewardMonitor(MonitorCallback):
         # signal".
         if self._judge_credit and (metric_value(logs, JUDGE_SPANS_METRIC) or 0) > 0:
             logs = {**logs, self.config.zero_std_metric: 0.0}
+        self._text_verdicts = (metric_value(logs, text_verdicts_metric(self.config.judge_injection_metric)) or 0) > 0
         return super()._check(logs, step)
 
 

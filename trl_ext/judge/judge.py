@@ -53,7 +53,7 @@ from .spans import (
     validate_spans,
 )
 from .tools import TOOL_NAMES, JudgeTools, PythonSandbox, ReplSandbox
-from .verdicts import reply_verdicts, verdict_tag
+from .verdicts import read_from_text, reply_verdicts, verdict_tag
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,9 @@ class JudgeVerdict(JudgeOutcome):
             of the judge itself, ``"unparseable"``; ``None`` when ``"ok"``.
         error_status: the last HTTP status of a failed request, when there was one.
         injection_suspected: the trace holds a verdict-shaped JSON value or delimiter-shaped text, or a reply of the
-            judge was refused for holding several different span lists (`InjectionSuspected`).
+            judge held several different span lists of its own.
+        text_verdict: the verdict was read out of free text (`trl_ext.judge.verdicts.read_from_text`), not from a
+            ``submit_verdict`` call or a reply that is one JSON value; counted as ``judge/text_verdicts``.
     """
 
     status: str
@@ -114,6 +116,7 @@ class JudgeVerdict(JudgeOutcome):
     error_kind: str | None = None
     error_status: int | None = None
     injection_suspected: bool = False
+    text_verdict: bool = False
 
     def to_record(self) -> dict[str, Any]:
         """A JSON-serialisable summary for the audit log."""
@@ -126,6 +129,7 @@ class JudgeVerdict(JudgeOutcome):
             "tool_calls": self.tool_calls,
             "error": self.error,
             "injection_suspected": self.injection_suspected,
+            "text_verdict": self.text_verdict,
             "raw_output": None if self.raw_output is None else self.raw_output[:4000],
         }
 
@@ -281,6 +285,7 @@ class SpanJudge:
             verdict.status, verdict.error = parsed.status, parsed.error
             verdict.error_kind = "unparseable" if parsed.status == "unparseable" else None
             return
+        verdict.text_verdict = read_from_text(verdict.raw_output)
         self._accept(parsed.value, request, verdict)
 
     def _accept(self, items: list[Any], request: JudgeRequest, verdict: JudgeVerdict) -> None:

@@ -60,6 +60,16 @@ class InjectionSuspected(ValueError):
     """
 
 
+def read_from_text(text: str | None) -> bool:
+    """Whether a verdict reply is free text (anything but one JSON value): the channel a quoted forgery can travel,
+    which structured output closes. What the trainers count as ``judge/text_verdicts``."""
+    try:
+        json.loads(text or "")
+    except (ValueError, RecursionError):
+        return True
+    return False
+
+
 def verdicts_in(text: str, verdict_of: Callable[[Any], T | None]) -> list[T]:
     """The different verdicts among every JSON value of ``text``, nested ones and those inside strings included
     (`trl_ext.text.json_candidates`), in order: how the policy's text is searched for forged verdicts.

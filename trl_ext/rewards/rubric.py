@@ -47,7 +47,7 @@ from typing import Any
 from ..judge.client import REPLY_STATUSES, AsyncChatClient, JudgeOutcome
 from ..judge.event_loop import BackgroundEventLoop
 from ..judge.prompts import defang_data, has_forged_delimiter, new_nonce
-from ..judge.verdicts import reply_verdicts, verdict_tag
+from ..judge.verdicts import read_from_text, reply_verdicts, verdict_tag
 from ..text import completion_text, final_answer_text, last_user_text
 from .rlmt import split_thinking
 from .rubric_config import FORGED_SCORES_NOTE, REPAIR_PROMPT, RubricJudgeConfig
@@ -79,7 +79,9 @@ class RubricVerdict(JudgeOutcome):
         error: what went wrong.
         raw_output: the judge's last reply text.
         injection_suspected: the prediction holds verdict-shaped JSON or delimiter-shaped text, or a reply of the
-            judge was refused for giving different scores (`trl_ext.judge.verdicts.InjectionSuspected`).
+            judge gave several different scores of its own.
+        text_verdict: the scores were read out of free text (`trl_ext.judge.verdicts.read_from_text`), not from a
+            reply that is one JSON object; counted as ``<name>/text_verdicts``.
     """
 
     status: str
@@ -90,6 +92,7 @@ class RubricVerdict(JudgeOutcome):
     error: str | None = None
     raw_output: str | None = None
     injection_suspected: bool = False
+    text_verdict: bool = False
 
 
 @dataclass
@@ -315,6 +318,7 @@ class RubricJudgeReward:
             verdict.status, verdict.error = parsed.status, parsed.error
             return
         scores, explanation = parsed.value
+        verdict.text_verdict = read_from_text(parsed.raw_output)
         verdict.reward = self.reward_from_scores(scores)
         verdict.status, verdict.scores, verdict.explanation, verdict.error = "ok", scores, explanation, None
         if parsed.repairs:
@@ -389,6 +393,7 @@ class RubricJudgeReward:
         log_metric(f"{prefix}/unparseable", float(unparseable))
         log_metric(f"{prefix}/fallback_ratio", (failed + unparseable) / num)
         log_metric(f"{prefix}/injection_suspected", float(sum(v.injection_suspected for v in verdicts)))
+        log_metric(f"{prefix}/text_verdicts", float(sum(v.text_verdict for v in verdicts)))
         ok = [v for v in verdicts if v.ok]
         for name in self.config.score_fields:
             if ok:

@@ -100,8 +100,10 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
 
     Metrics: ``judge/share`` (mean |c| / (mean |A| + mean |c|) over completion tokens), ``judge/spans_per_rollout``,
     ``judge/invalid_span_ratio`` (dropped / returned spans), ``judge/failure_ratio`` (rollouts with no usable
-    verdict), ``judge/injection_suspected`` (rollouts of the batch whose trace forged a verdict or a delimiter, or
-    whose judge reply was refused for holding several verdicts; docs/security.md), ``judge/latency_p50`` (seconds
+    verdict), ``judge/refused_ratio`` (among them, judge replies with no readable verdict),
+    ``judge/injection_suspected`` (rollouts of the batch whose trace forged a verdict or a delimiter, or whose judge
+    reply held several verdicts; docs/security.md), ``judge/text_verdicts`` (verdicts read out of free text),
+    ``judge/latency_p50`` (seconds
     per rollout conversation), ``judge/label/<name>`` (valid spans per
     batch with that label), ``judge/wait_s`` (time the step waited for the judge after scoring) and
     ``judge/blocking_s`` (all main-thread time the step spent on the judge: marking, submitting, waiting, credit,
@@ -394,11 +396,15 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
             sum(len(v.spans) for v in verdicts),
             sum(len(v.dropped) for v in verdicts),
             sum(not v.ok for v in verdicts),
+            sum(v.status == "unparseable" for v in verdicts),
             sum(v.injection_suspected for v in verdicts),
+            sum(v.text_verdict for v in verdicts),
             *[sum(1 for v in verdicts for s in v.spans if s.label == label) for label in labels],
             dtype=torch.float32,
         )
-        credit_mass, outcome_mass, rollouts, valid, dropped, failures, injections, *label_counts = sums.tolist()
+        credit_mass, outcome_mass, rollouts, valid, dropped, failures, refused, injections, text, *label_counts = (
+            sums.tolist()
+        )
         wait_s, blocking_s = self.global_max(waited, blocking).tolist()
         device = self.accelerator.device
         latencies = self.accelerator.gather(torch.tensor([v.latency_s for v in verdicts], device=device)).tolist()
@@ -407,7 +413,9 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
         self.log_metric("judge/spans_per_rollout", valid / max(rollouts, 1.0))
         self.log_metric("judge/invalid_span_ratio", dropped / (valid + dropped) if valid + dropped else 0.0)
         self.log_metric("judge/failure_ratio", failures / max(rollouts, 1.0))
+        self.log_metric("judge/refused_ratio", refused / max(rollouts, 1.0))
         self.log_metric("judge/injection_suspected", injections)
+        self.log_metric("judge/text_verdicts", text)
         self.log_metric("judge/latency_p50", statistics.median(latencies) if latencies else 0.0)
         self.log_metric("judge/wait_s", wait_s)
         self.log_metric("judge/blocking_s", blocking_s)

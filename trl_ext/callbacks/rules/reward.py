@@ -92,20 +92,31 @@ def judge_failure(
 
 
 def judge_injection(
-    values: Values, steps: Steps, config: RewardMonitorConfig, memory: Memory | None = None
+    values: Values,
+    steps: Steps,
+    config: RewardMonitorConfig,
+    memory: Memory | None = None,
+    *,
+    text_verdicts: bool = False,
 ) -> RuleResult:
     """The policy is suspected of forging the judge's verdict (judge credit, rubric judge: docs/security.md).
 
     ``values`` are ``judge/injection_suspected`` (or the rubric judge's ``<name>/injection_suspected``): rollouts of
-    the batch whose text holds a verdict-shaped JSON value or delimiter-shaped text, or whose judge reply was
-    refused for holding several different verdicts. Fires at each log that ends a run of at least
-    ``config.judge_injection_patience`` (1) consecutive values ``> config.judge_injection_max``; never when
-    ``judge_injection_max`` is None (the default: a task whose answers are JSON with the judge's field names would
-    count on a healthy run). Facts: ``streak``.
+    the batch whose text holds a verdict-shaped JSON value or delimiter-shaped text, or whose judge reply held several
+    different verdicts. Fires at each log that ends a run of at least ``config.judge_injection_patience`` (1)
+    consecutive values ``> config.judge_injection_max``. With ``judge_injection_max`` None (the default: a task
+    whose answers are JSON with the judge's field names would count on a healthy run) it is off, except for the logs
+    where ``text_verdicts``: some verdicts of the log were read out of free text (the endpoint lacks structured
+    output, or ignores it), the one channel a forgery can travel; then any suspected injection fires (threshold
+    0). Facts: ``streak``, ``threshold``.
     """
-    if config.judge_injection_max is None:
-        return RuleResult([], dict(memory or {}))
     threshold = config.judge_injection_max
-    return consecutive(
+    if threshold is None and not text_verdicts:
+        return RuleResult([], dict(memory or {}))
+    threshold = 0.0 if threshold is None else threshold
+    result = consecutive(
         "judge_injection", values, steps, lambda x: x > threshold, config.judge_injection_patience, memory
     )
+    for finding in result.findings:
+        finding.facts["threshold"] = threshold
+    return result

@@ -45,7 +45,8 @@ class AsyncJudgeCreditTrainer(AsyncMethodTrainer):
     scripted one) and ``rollout_worker`` (to replace the worker).
 
     Metrics, besides TRL's and the loss's (each over the logging window): ``judge/failure_ratio`` (rollouts with no
-    usable verdict), ``judge/share`` (Σ|c| / (Σ|A| + Σ|c|) over completion tokens), ``judge/spans_per_rollout``,
+    usable verdict), ``judge/refused_ratio`` (among them, judge replies with no readable verdict),
+    ``judge/injection_suspected``, ``judge/text_verdicts`` (verdicts read out of free text), ``judge/share`` (Σ|c| / (Σ|A| + Σ|c|) over completion tokens), ``judge/spans_per_rollout``,
     ``judge/invalid_span_ratio`` (dropped / returned spans), ``judge/latency_p50`` (seconds per conversation),
     ``judge/label/<name>`` (valid spans with that label per worker run), ``judge/wait_s`` (the worker's wait for the
     verdicts of a run), ``judge/worker_errors_total`` (failed runs), ``reward``, ``rewards/<function>``. Every verdict

@@ -252,7 +252,9 @@ class JudgeRolloutWorker(GroupRolloutWorker):
         dropped = float(sum(len(v.dropped) for v in verdicts))
         metrics: dict[str, Any] = {
             "judge/failure_ratio": (float(sum(not v.ok for v in verdicts)), rollouts),
+            "judge/refused_ratio": (float(sum(v.status == "unparseable" for v in verdicts)), rollouts),
             "judge/injection_suspected": float(sum(v.injection_suspected for v in verdicts)),
+            "judge/text_verdicts": float(sum(v.text_verdict for v in verdicts)),
             "judge/spans_per_rollout": (valid, rollouts),
             "judge/invalid_span_ratio": (dropped, valid + dropped),
             "judge/share": (credit_mass, credit_mass + outcome_mass),
