@@ -313,3 +313,26 @@ def test_monitors_passed_as_callbacks_run_before_the_loggers(tmp_path):
         i for i, cb in enumerate(trainer.callback_handler.callbacks) if isinstance(cb, MonitorCallback)
     )
     assert first_monitor == kinds.index(DefaultFlowCallback) + 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A run that cannot learn
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("loss_type", ["ipo", "dapo"])
+def test_a_sync_run_with_equal_rewards_warns_that_nothing_trains(tmp_path, caplog, loss_type):
+    from trl_ext.trainers.learning_signal import NO_SIGNAL_STEPS
+
+    model, tokenizer = build_tiny_model_and_tokenizer(0)
+    config = ExtGRPOConfig(**cpu_config_kwargs(str(tmp_path), loss_type=loss_type, max_steps=NO_SIGNAL_STEPS))
+    constant = ExtGRPOTrainer(
+        model, lambda completions, **kw: [1.0] * len(completions), args=config,
+        train_dataset=toy_dataset(), processing_class=tokenizer,
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="trl_ext.trainers.learning_signal"):
+        constant.train()
+    assert constant.learning_signal.warnings == 1 and f"last {NO_SIGNAL_STEPS} optimizer steps" in caplog.text
+    learning = ExtGRPOTrainer(
+        model, distinct_chars_reward, args=config, train_dataset=toy_dataset(), processing_class=tokenizer
+    )
+    learning.train()
+    assert learning.learning_signal.warnings == 0

@@ -40,6 +40,7 @@ from ..packing import (
 )
 from .batch import check_scored_batch, loss_mask, pad_batch, padding_rows
 from .ext_grpo_config import ExtGRPOConfig
+from .learning_signal import LearningSignalWatch
 from .prompt_cap import cap_prompt_ids, prompt_cap
 from .trl_seam import FORWARD_KEYS, BatchScope, TRLSeam
 
@@ -97,6 +98,8 @@ class ExtGRPOTrainer(TRLSeam):
         self.max_prompt_length = prompt_cap(getattr(args, "max_prompt_length", None), self.model, args)
         self._prompt_cap_warned = False
         self._draws: dict[str, tuple[tuple[str, int], int]] = {}  # purpose -> ((mode, global step), batches drawn)
+        self.learning_signal = LearningSignalWatch()  # warns when every advantage has been 0 for several steps
+        self.add_callback(self.learning_signal)
 
     # ------------------------------------------------------------------------------------------------------------
     # Resuming
@@ -377,7 +380,18 @@ class ExtGRPOTrainer(TRLSeam):
     # ------------------------------------------------------------------------------------------------------------
     # Loss
     # ------------------------------------------------------------------------------------------------------------
+    def _watch_learning_signal(self, inputs: dict[str, Any]) -> None:
+        """Tell `learning_signal` whether any loss token of the training micro-batch (all ranks) has a non-zero
+        advantage (times its loss weight, when the batch carries weights). One collective: every rank calls it."""
+        if self.mode != "train":
+            return
+        mask = loss_mask(inputs).bool()
+        signal = _fold_loss_weights(inputs)["advantages"]
+        signal = signal.expand(mask.shape) if signal.dim() == 2 else signal.unsqueeze(1).expand(mask.shape)
+        self.learning_signal.saw(float(self.global_sums(((signal != 0) & mask).sum())[0]) > 0)
+
     def compute_policy_loss(self, model, inputs):
+        self._watch_learning_signal(inputs)
         if self.loss_spec.compute is not None:
             return self._compute_registered_loss(model, inputs)
         loss = super().compute_policy_loss(model, _fold_loss_weights(inputs))

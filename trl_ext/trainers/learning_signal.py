@@ -2,7 +2,8 @@
 
 A group whose completions all get the same reward has advantage 0 everywhere: its tokens add nothing to the
 gradient. When that holds for every group of several optimizer steps in a row, the run trains nothing (loss 0,
-grad norm 0) however long it goes on, and the logs look calm. The trainer reports, per micro-batch, whether any
+grad norm 0) however long it goes on, and the logs look calm. Each trainer (`ExtGRPOTrainer` and the synchronous
+trainers built on it, `ExtAsyncGRPOTrainer` and the asynchronous ones) reports, per micro-batch, whether any
 loss token had a non-zero advantage (`saw`); the watch warns once after ``patience`` optimizer steps without one,
 naming the likely causes, and again only after a step with signal has re-armed it. It is always on (no monitor
 needed); the monitors' ``reward_no_signal`` rule (docs/monitoring.md) raises an alert for the same state.
