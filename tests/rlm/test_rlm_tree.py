@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
 from trl_ext.rlm import LLMCall, ReplResult, RolloutNode, RolloutTree, Turn, canonical_rollout_order, subtree_weights
-from trl_ext.rlm.tree import preorder
+from trl_ext.rlm.tree import expand_prompts, preorder
 from trl_ext.testing import build_tiny_tokenizer
 
 
@@ -128,6 +129,128 @@ def test_json_round_trip_and_decoded_text():
     assert list(first)[:6] == ["turn", "prompt_text", "action", "code", "repl_result", "observation"]
     assert first["llm_calls"][0]["completion"] == "c" and data["final_answer"] == "7"
     assert RolloutTree.from_dict(data) == tree  # decoded text is for reading only
+
+
+def _growing_node(tokenizer, turns: int, observation_words: int, seed: int = 0) -> RolloutNode:
+    """A node whose prompts are rendered as the engine renders them: the system prompt, every earlier (action,
+    observation) pair, then a closing user message rebuilt every turn. Each observation holds ``observation_words``
+    words that the tiny tokenizer keeps whole ("Ġassistant" is one token), so that the JSON of the ids weighs less
+    than their text and a size bound measures how often the text is repeated, not the digits of the ids."""
+    rng = random.Random(seed)
+    history: list[dict[str, str]] = []
+    node = RolloutNode(0, None, 0, "Read it.", "a str of 9 characters", end_reason="max_turns")
+    for index in range(turns):
+        closing = {"role": "user", "content": f"Task: Read it.\n\nTurn {index + 1} of {turns}."}
+        messages = [{"role": "system", "content": "You write Python."}, *history, closing]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        action = f"```repl\nprint(context[{index}])\n```"
+        observation = "REPL output:\n" + "".join(
+            rng.choice([" assistant", " response", " answer"]) for _ in range(observation_words)
+        )
+        action_ids = list(tokenizer(action, add_special_tokens=False)["input_ids"]) + [2]
+        node.turns.append(
+            Turn(
+                list(tokenizer(text, add_special_tokens=False)["input_ids"]),
+                action_ids,
+                [-0.5] * len(action_ids),
+                action,
+                observation=observation if index < turns - 1 else None,
+            )
+        )
+        history += [{"role": "assistant", "content": action}, {"role": "user", "content": observation}]
+    return node
+
+
+def test_later_turns_store_only_their_new_prompt_and_round_trip():
+    tokenizer = build_tiny_tokenizer()
+    root = _growing_node(tokenizer, turns=4, observation_words=30)
+    root.children, root.turns[1].children = [1], [1]
+    child = _growing_node(tokenizer, turns=3, observation_words=10, seed=1)
+    child.id, child.parent, child.depth, child.spawned_at = 1, 0, 1, (1, 0)
+    tree = RolloutTree([root, child])
+    data = json.loads(tree.to_json(tokenizer=tokenizer))
+    for node, stored in zip(tree.nodes, data["nodes"]):
+        first, *later = stored["turns"]
+        assert "prompt_ids_shared" not in first and "prompt_text_shared" not in first
+        assert first["prompt_ids"] == node.turns[0].prompt_ids
+        for index, turn in enumerate(later, start=1):
+            previous, whole = node.turns[index - 1], node.turns[index]
+            shared = turn["prompt_ids_shared"]
+            assert 0 < shared < len(previous.prompt_ids) and turn["prompt_ids"] == whole.prompt_ids[shared:]
+            assert whole.prompt_ids[:shared] == previous.prompt_ids[:shared]
+            assert turn["prompt_text"].startswith("assistant\n```repl")  # the previous action, and what follows
+            assert list(turn)[:4] == ["turn", "prompt_text_shared", "prompt_text", "action"]
+    assert RolloutTree.from_dict(data) == tree
+    assert RolloutTree.from_json(tree.to_json()) == tree  # without a tokenizer: ids only
+    whole = expand_prompts(data)
+    for node, stored in zip(tree.nodes, whole["nodes"]):
+        for turn, turn_data in zip(node.turns, stored["turns"]):
+            assert turn_data["prompt_ids"] == turn.prompt_ids
+            assert turn_data["prompt_text"] == tokenizer.decode(turn.prompt_ids, skip_special_tokens=False)
+            assert "prompt_ids_shared" not in turn_data and "prompt_text_shared" not in turn_data
+    assert whole["final_answer"] == data["final_answer"] and data["nodes"][0]["turns"][1]["prompt_ids_shared"]
+
+
+def test_a_tree_file_grows_with_the_text_not_with_the_square_of_the_turns():
+    tokenizer = build_tiny_tokenizer()
+    node = _growing_node(tokenizer, turns=6, observation_words=2_300)  # ~20,000 characters of observation a turn
+    tree = RolloutTree([node])
+    last_prompt = tokenizer.decode(node.turns[-1].prompt_ids, skip_special_tokens=False)
+    text = len(last_prompt) + sum(len(turn.action) for turn in node.turns)
+    assert text > 100_000
+    line = json.dumps(tree.to_dict(tokenizer), ensure_ascii=False)  # as `append_jsonl` writes it
+    assert len(line) < 3 * text
+    # Whole prompts on every turn (the format before): each observation is written once per later turn.
+    assert len(json.dumps(expand_prompts(tree.to_dict(tokenizer)), ensure_ascii=False)) > 5 * text
+    assert RolloutTree.from_json(line) == tree
+
+
+def test_prompts_that_do_not_extend_the_previous_one_round_trip():
+    tokenizer = build_tiny_tokenizer()
+    merged = list(tokenizer("answer answer", add_special_tokens=False)["input_ids"])
+    by_byte = tokenizer.convert_tokens_to_ids(list("answer") + ["Ġ"] + list("answer"))
+    assert merged != by_byte and tokenizer.decode(merged) == tokenizer.decode(by_byte) == "answer answer"
+    prompts = [
+        [1, 10, 11, 12, 13],
+        [1, 10, 11, 12, 13, 14, 15],  # an extension: shares 5
+        [1, 10, 20],  # a truncated, rebuilt prompt: shares 2, shorter than the previous one
+        [30, 10, 20],  # nothing in common: stored whole
+        [30, 10, 20],  # the same prompt again: shares all, stores no id
+        [],  # an empty prompt
+        [1, 40],
+        merged,  # shares nothing with [1, 40]
+        by_byte,  # the same text, other ids: shares the text, not the ids
+    ]
+    node = RolloutNode(0, None, 0, "t", turns=[_turn(prompt, f"a{index}") for index, prompt in enumerate(prompts)])
+    tree = RolloutTree([node])
+    for tokenizer_or_none in (tokenizer, None):
+        data = json.loads(tree.to_json(tokenizer=tokenizer_or_none))
+        turns = data["nodes"][0]["turns"]
+        assert [turn.get("prompt_ids_shared") for turn in turns] == [None, 5, 2, None, 3, None, None, None, None]
+        assert turns[1]["prompt_ids"] == [14, 15] and turns[2]["prompt_ids"] == [20] and turns[4]["prompt_ids"] == []
+        assert turns[3]["prompt_ids"] == [30, 10, 20] and turns[5]["prompt_ids"] == []
+        assert RolloutTree.from_dict(data) == tree
+        whole = expand_prompts(data)["nodes"][0]["turns"]
+        assert [turn["prompt_ids"] for turn in whole] == prompts
+        if tokenizer_or_none is not None:
+            assert turns[8]["prompt_text_shared"] == len("answer answer") and turns[8]["prompt_text"] == ""
+            expected = [tokenizer.decode(prompt, skip_special_tokens=False) for prompt in prompts]
+            assert [turn["prompt_text"] for turn in whole] == expected
+
+
+@pytest.mark.parametrize(
+    ("turn", "message"),
+    [
+        ({"prompt_ids_shared": 4, "prompt_ids": [9]}, "shares 4 of the previous turn's prompt_ids, which has 3"),
+        ({"prompt_ids_shared": -1, "prompt_ids": [9]}, "shares -1"),
+        ({"prompt_ids": [9], "prompt_text_shared": 2, "prompt_text": "x"}, "prompt_text, which has none"),
+    ],
+)
+def test_a_damaged_shared_prefix_is_refused(turn, message):
+    data = json.loads(RolloutTree([RolloutNode(0, None, 0, "t", turns=[_turn([1, 2, 3], "a")])]).to_json())
+    data["nodes"][0]["turns"].append({**data["nodes"][0]["turns"][0], "prompt_ids": [], **turn})
+    with pytest.raises(ValueError, match=message):
+        RolloutTree.from_dict(data)
 
 
 def test_tree_validation():

@@ -14,6 +14,22 @@ What a trainer needs from a tree::
 
 ``llm_query`` completions are recorded too (`Turn.llm_calls`, with ids and log-probs) but are not nodes and not
 in `turn_samples`: they are single completions, and whether to train on them is the trainer's choice.
+
+Tree files (``RolloutTree.to_dict``, one JSON line per tree) store each turn's new prompt text once. A turn's prompt
+repeats the previous turn's (all but its closing user message, rebuilt every turn) and adds the previous action and
+its REPL observation, so writing every prompt whole would grow the file with the square of the turns (a 6-turn
+rollout printing 120,000 characters wrote 1.39 MB, 0.63 MB so). Turn ``i > 0`` of a node therefore stores only
+what follows the longest common prefix of its prompt and turn ``i - 1``'s::
+
+    "prompt_ids_shared": n     # its first n ids are the previous turn's first n ids ...
+    "prompt_ids": [...]        # ... and these are the rest
+    "prompt_text_shared": m    # the same in characters for the decoded text (with a tokenizer)
+    "prompt_text": "..."       # the rest of the text: the previous action, the observation, the new user message
+
+A node's first turn, and a turn that shares nothing with the previous one (a prompt rebuilt differently), carry no
+``*_shared`` key and store the whole prompt. `RolloutTree.from_dict` rebuilds the exact ids; `expand_prompts`
+gives back a tree dict whose turns carry their whole ``prompt_ids`` and ``prompt_text``, to read the prompts as
+the generator saw them. `LLMCall` prompts are independent prompts and are always stored whole.
 """
 
 from __future__ import annotations
@@ -29,6 +45,7 @@ from .repl_protocol import ReplResult
 
 EndReason = Literal["final_answer", "max_turns", "prompt_too_long", "error"]
 END_REASONS: tuple[str, ...] = ("final_answer", "max_turns", "prompt_too_long", "error")
+_SHARED_PROMPTS = (("prompt_ids", "prompt_ids_shared"), ("prompt_text", "prompt_text_shared"))
 
 
 @dataclass
@@ -98,6 +115,8 @@ class Turn:
     children: list[int] = field(default_factory=list)
 
     def to_dict(self, index: int, tokenizer: Any = None) -> dict[str, Any]:
+        """The turn with its whole prompt (``prompt_ids``, and ``prompt_text`` decoded when a tokenizer is given);
+        `RolloutNode.to_dict` then keeps only what each turn adds to the previous one's prompt."""
         data: dict[str, Any] = {"turn": index}
         if tokenizer is not None:
             data["prompt_text"] = tokenizer.decode(self.prompt_ids, skip_special_tokens=False)
@@ -116,6 +135,7 @@ class Turn:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Turn:
+        """Read a turn whose ``prompt_ids`` are whole (`Turn.to_dict`, or a node's turn through `expand_prompts`)."""
         result = data.get("repl_result")
         return cls(
             prompt_ids=list(data["prompt_ids"]),
@@ -162,6 +182,8 @@ class RolloutNode:
     spawned_at: tuple[int, int] | None = None
 
     def to_dict(self, tokenizer: Any = None) -> dict[str, Any]:
+        """A JSON-ready dict; each turn after the first stores only the end of its prompt that differs from the
+        previous turn's (``prompt_ids_shared`` / ``prompt_text_shared``, see the module docstring)."""
         return {
             "id": self.id,
             "parent": self.parent,
@@ -173,11 +195,12 @@ class RolloutNode:
             "error": self.error,
             "children": self.children,
             "spawned_at": list(self.spawned_at) if self.spawned_at is not None else None,
-            "turns": [turn.to_dict(index, tokenizer) for index, turn in enumerate(self.turns)],
+            "turns": _share_prompts([turn.to_dict(index, tokenizer) for index, turn in enumerate(self.turns)]),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RolloutNode:
+        """Read `to_dict`'s output (turns whose prompts share a prefix are rebuilt whole, `expand_prompts`)."""
         spawned_at = data.get("spawned_at")
         return cls(
             id=data["id"],
@@ -185,7 +208,7 @@ class RolloutNode:
             depth=data["depth"],
             task=data["task"],
             context_description=data.get("context_description", ""),
-            turns=[Turn.from_dict(turn) for turn in data["turns"]],
+            turns=[Turn.from_dict(turn) for turn in _expand_turn_prompts(data["turns"])],
             children=list(data["children"]),
             final_answer=data.get("final_answer"),
             end_reason=data.get("end_reason"),
@@ -276,7 +299,9 @@ class RolloutTree:
                 yield node, index, turn
 
     def to_dict(self, tokenizer: Any = None) -> dict[str, Any]:
-        """A JSON-ready dict; with a tokenizer, every turn also carries its decoded ``prompt_text``."""
+        """A JSON-ready dict (one line of a tree file); with a tokenizer, every turn also carries its decoded
+        ``prompt_text``. A turn after the first stores only what its prompt adds to the previous turn's (the module
+        docstring); `from_dict` rebuilds the whole prompts, `expand_prompts` the whole ids and texts of the dict."""
         return {"final_answer": self.final_answer, "nodes": [node.to_dict(tokenizer) for node in self.nodes]}
 
     def to_json(self, tokenizer: Any = None, indent: int | None = 2) -> str:
@@ -289,6 +314,70 @@ class RolloutTree:
     @classmethod
     def from_json(cls, text: str) -> RolloutTree:
         return cls.from_dict(json.loads(text))
+
+
+def expand_prompts(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a tree dict (`RolloutTree.to_dict`, or a line of a tree file) whose every turn carries its whole
+    ``prompt_ids`` and, where the dict has them, its whole ``prompt_text``, without ``*_shared`` keys.
+
+    Raises:
+        ValueError: a turn claims a longer shared prefix than the previous turn's prompt (a damaged file).
+    """
+    return {
+        **data,
+        "nodes": [{**node, "turns": _expand_turn_prompts(node["turns"])} for node in data["nodes"]],
+    }
+
+
+def _share_prompts(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Turn dicts with whole prompts -> the stored form: turn i > 0 keeps, for ``prompt_ids`` and ``prompt_text``,
+    the length of its common prefix with turn i - 1 (``*_shared``, placed just before the field, left out when 0)
+    and the rest."""
+    stored = [turns[0]] if turns else []
+    for previous, turn in zip(turns, turns[1:]):
+        shared = {
+            key: _common_prefix(previous[key], turn[key])
+            for key, _ in _SHARED_PROMPTS
+            if key in previous and key in turn
+        }
+        data: dict[str, Any] = {}
+        for key, value in turn.items():
+            if shared.get(key):
+                data[f"{key}_shared"] = shared[key]
+                value = value[shared[key] :]
+            data[key] = value
+        stored.append(data)
+    return stored
+
+
+def _expand_turn_prompts(turns: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The inverse of `_share_prompts`: every turn with its whole ``prompt_ids`` (and ``prompt_text``)."""
+    whole: list[dict[str, Any]] = []
+    for index, turn in enumerate(turns):
+        data = dict(turn)
+        for key, shared_key in _SHARED_PROMPTS:
+            shared = data.pop(shared_key, 0)
+            if not shared:
+                continue
+            previous = whole[index - 1].get(key) if index else None
+            if previous is None or not 0 < shared <= len(previous) or key not in data:
+                raise ValueError(
+                    f"turn {index} shares {shared} of the previous turn's {key}, which has "
+                    f"{'none' if previous is None else len(previous)}: not a tree written by RolloutTree.to_dict"
+                )
+            data[key] = previous[:shared] + data[key]
+        whole.append(data)
+    return whole
+
+
+def _common_prefix(first: Sequence[Any], second: Sequence[Any]) -> int:
+    """Length of the longest common prefix of two lists or strings."""
+    length = 0
+    for a, b in zip(first, second):
+        if a != b:
+            break
+        length += 1
+    return length
 
 
 def preorder(nodes: Sequence[RolloutNode]) -> RolloutTree:
