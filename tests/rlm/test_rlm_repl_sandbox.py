@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from trl_ext.rlm import PythonREPL, QueryRefused, QueryRequest, SandboxError
+from trl_ext.rlm import PythonREPL, QueryRefused, QueryRequest, SandboxError, SandboxLimits
 from trl_ext.rlm import sandbox as sandbox_module
 from trl_ext.rlm.repl import REPL_RESTART_NOTICE
 from trl_ext.rlm.repl_resources import repl_parent_dir, traversable_by_others
@@ -510,7 +510,7 @@ def test_strict_isolation_refuses_a_host_without_namespaces(monkeypatch):
     with pytest.raises(SandboxError, match="isolation='strict' needs Linux namespaces.*Operation not permitted"):
         PythonREPL(isolation="strict")
     monkeypatch.setattr(sandbox_host, "_warned", set())
-    with pytest.warns(RuntimeWarning, match="falling back to the process backend. NOT isolated: .*file system"):
+    with pytest.warns(RuntimeWarning, match="falling back to the process backend. NOT isolated: .*to read"):
         with PythonREPL(isolation="auto") as repl:
             assert repl.isolation == "process"
             assert repl.execute("print(1)").stdout == "1\n"
@@ -557,9 +557,12 @@ def test_non_root_trainer_shares_its_uid_and_is_still_limited():
         if run.returncode != 0 and "mount" in run.stderr:
             pytest.skip(f"cannot bind-mount here: {run.stderr.strip()[-2000:]}")
         assert run.returncode == 0, run.stderr
-        assert run.stdout.splitlines() == [
+        lines = run.stdout.splitlines()
+        # RLIMIT_NPROC of a shared uid counts the trainer's tasks too: the thread that measures the process
+        # backend's disk during the cell (started then, the first time) takes one of the REPL's 4.
+        assert lines[1] in ("forks 3 BlockingIOError", "forks 4 BlockingIOError"), lines
+        assert lines[:1] + lines[2:] == [
             "process uid None 65534 ctx",  # the trainer's own uid: limited by rlimits only
-            "forks 4 BlockingIOError",
             "timeout True True",
             "left []",
             "namespace uid None 1000 ctx",  # a user namespace of its own, mapped to the trainer's uid
@@ -636,3 +639,76 @@ def test_a_dead_zygote_is_replaced_by_the_next_repl(caplog):
             assert after.pid is not None and process_alive(after.pid)
         assert local._zygote is not zygote and "The REPL zygote exited" in caplog.text
         assert before.execute("print(x + 1)").stdout == "2\n"
+
+
+def _simulated_host(monkeypatch, **changes) -> None:
+    """This host as the sandbox would see another one (its probe's answers replaced; the decisions are real)."""
+    from dataclasses import replace
+
+    monkeypatch.setattr(sandbox_host, "_host", replace(sandbox_module.host_support(), **changes))
+    monkeypatch.setattr(sandbox_host, "_warned", set())
+
+
+@pytest.mark.parametrize(
+    ("host", "exposed"),
+    [
+        ({"namespaces": None}, []),
+        ({"namespaces": "simulated", "landlock_abi": 7}, []),
+        ({"namespaces": "simulated", "landlock_abi": 3}, ["loopback TCP (Landlock ABI 3 < 4)"]),
+        ({"namespaces": "simulated", "landlock_abi": 0}, ["output_dir", "loopback TCP (no Landlock in this kernel)"]),
+    ],
+    ids=["namespaces", "landlock 7", "landlock 3", "no landlock"],
+)
+def test_run_exposure_names_what_a_repl_can_reach_of_the_run(host, exposed, monkeypatch, tmp_path):
+    """What of an async run (its output_dir, the served policy's dev-mode endpoint) each kind of host leaves to
+    model code: the output_dir only where REPLs may read it (`repl_can_read`), TCP where Landlock cannot cut it."""
+    import sys
+
+    _simulated_host(monkeypatch, **host)
+    found = sandbox_module.run_exposure(SandboxLimits(), str(tmp_path))
+    assert len(found) == len(exposed) and all(map(str.startswith, found, exposed)), found
+    assert sandbox_module.repl_can_read(str(tmp_path)) == ("output_dir" in exposed)
+    assert sandbox_module.repl_can_read(os.__file__)  # the standard library, on every host
+    if host["namespaces"] is not None and host["landlock_abi"] > 0:  # an output_dir in the Python installation
+        inside = sandbox_module.run_exposure(SandboxLimits(), os.path.join(sys.prefix, "runs", "out"))
+        assert inside[0].startswith("output_dir") and "which REPLs may read (readable_roots)" in inside[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    from trl_ext.testing import build_tiny_model_and_tokenizer
+
+    directory = tmp_path_factory.mktemp("tiny_rlm_exposure")
+    model, tokenizer = build_tiny_model_and_tokenizer(0)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize("host", ["no landlock", "landlock 7", "this host"])
+def test_async_rlm_trainer_warns_once_when_repls_can_reach_the_run(host, tiny_model_dir, tmp_path, monkeypatch):
+    """An async RLM run keeps its rollout trees, rollout_state.json and weight index in output_dir and serves its
+    policy over loopback TCP: on a process backend without Landlock the trainer says so loudly at construction,
+    naming what is exposed and the fix; where the sandbox holds (this host's namespaces, or the process backend
+    under Landlock ABI 7 with output_dir in /tmp) it says nothing."""
+    import warnings
+
+    from ..trainers.test_async_rlm import make_trainer
+
+    if host != "this host":
+        abi = 0 if host == "no landlock" else 7
+        _simulated_host(monkeypatch, namespaces="simulated: no namespaces", landlock_abi=abi)
+    else:
+        monkeypatch.setattr(sandbox_host, "_warned", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tiny_model_dir, tmp_path / "out")
+    warned = [str(w.message) for w in caught if "cannot keep model code from this run" in str(w.message)]
+    if host == "no landlock":
+        assert len(warned) == 1, warned
+        assert warned[0].startswith("AsyncStepwiseRLMTrainer: the REPL sandbox cannot keep model code from this run")
+        for part in ("output_dir", "rollout_state.json", "loopback TCP", "load_lora_adapter", "isolation='strict'"):
+            assert part in warned[0], (part, warned[0])
+        assert "Landlock ABI >= 4" in warned[0]
+    else:
+        assert warned == []

@@ -1289,3 +1289,152 @@ def test_4_the_trees_character_budget_counts_every_cell():
     tree, _ = _run_engine([cell, cell, cell, "FINAL(done)"], max_tree_query_chars=1_500)
     outputs = [turn.repl_result.stdout.strip() for turn in tree.root.turns[:3]]
     assert outputs[:2] == ["ok", "ok"] and "(max_tree_query_chars=1,500)" in outputs[2], outputs
+
+
+# ------------------------------------------------- issue 42: the process backend's reads and its disk in total
+needs_landlock = pytest.mark.skipif(HOST.landlock_abi < 1, reason="this kernel has no Landlock")
+
+
+def _disk_error_mb(error: str | None) -> float:
+    """The MB the REPL's files took when it was stopped, from the error the model reads."""
+    assert error is not None and error.startswith("disk budget exceeded: "), error
+    return float(error.split(" took ", 1)[1].split(" MB", 1)[0])
+
+
+def _home_bytes(repl: PythonREPL) -> int:
+    return sandbox_module.measure_home(repl.workdir, [], 2**62, 2**31).bytes
+
+
+_WRITE_384_MB = """
+import os
+kept, written = [], 0
+for index in range(48):  # 384 MB in 8 MB files, each under the per-file cap (RLIMIT_FSIZE = disk_mb)
+    handle = open(f"part{index}", "wb")
+    if {remove}:  # removed at once, kept open: its blocks stay taken until it is closed
+        os.unlink(f"part{index}")
+        kept.append(handle)
+    handle.write(b"x" * (8 << 20))
+    written += 8
+    if not {remove}:
+        handle.close()
+print("written MB", written)
+"""
+
+
+@pytest.mark.parametrize("remove", [False, True], ids=["files", "removed files kept open"])
+def test_4_process_backend_disk_is_limited_for_the_whole_home(remove):
+    """One REPL with disk_mb=32 wrote 384 MB in 8 MB files (capped per file only). Now its home is measured from
+    outside during and after every cell (removed files its processes keep open included): past disk_mb the REPL is
+    stopped like a memory overrun, the model reads why, the home is emptied, and the next cell works.
+
+    The bound: the writes the REPL makes between two measurements (docs/security.md gives the overshoot measured);
+    it cannot exceed what the cell writes in all (384 MB), and a cell that finishes before a measurement is stopped
+    by the one after its result. Nothing here depends on timing."""
+    code = _WRITE_384_MB.replace("{remove}", str(remove))
+    with PythonREPL(isolation="process", disk_mb=32, memory_mb=512, max_open_files=128, timeout_s=60) as repl:
+        result = run(repl, code)
+        assert result.crashed and result.error is not None, result
+        peak = _disk_error_mb(result.error)
+        assert 32 < peak <= 384, result.error
+        assert "of disk_mb=32" in result.error and "next cell starts a fresh REPL" in result.error
+        after = run(repl, "import os; print(os.listdir('.'))")
+        assert after.restarted and "exceeded its disk budget" in after.stdout and after.stdout.endswith("[]\n")
+        assert _home_bytes(repl) < 32 * 2**20
+        assert run(repl, "open('small', 'wb').write(b'x' * (8 << 20)); print('fits')").stdout == "fits\n"
+
+
+def test_4_process_backend_counts_files_as_the_namespace_backends_tmpfs_does():
+    code = "import os\nfor index in range(5000):\n    os.mkdir(f'd{index}')\nprint('made them all')"
+    with PythonREPL(isolation="process", disk_mb=8, timeout_s=60) as repl:
+        result = run(repl, code)
+        assert "made them all" not in result.stdout, result
+        assert result.error.startswith("disk budget exceeded: its home held more than 1024 files and folders")
+        assert run(repl, "import os; print(len(os.listdir('.')))").stdout.endswith("0\n")
+
+
+@needs_landlock
+def test_1_process_backend_reads_only_its_home_and_the_runtime(tmp_path):
+    """Landlock's read rights: a process-backend REPL reads, lists and executes only beneath its home and
+    `readable_roots` (system directories, the Python installation). A world-readable file the trainer wrote in a
+    fresh folder (an output_dir in /tmp), /tmp itself, the checkout and another REPL's home are refused; the
+    standard library, numpy and subprocesses still work."""
+    answers = tmp_path / "rollout_trees" / "run-0.jsonl"
+    answers.parent.mkdir()
+    answers.write_text('{"final_answer": "42"}\n')
+    for path in (tmp_path, answers.parent):
+        os.chmod(path, 0o755)
+    os.chmod(answers, 0o644)
+    checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert not sandbox_module.repl_can_read(str(answers), SandboxLimits(isolation="process"))
+    with (
+        PythonREPL(isolation="process", max_processes=8) as other,
+        PythonREPL(isolation="process", max_processes=8) as repl,
+    ):
+        run(other, "import os\nos.chmod('.', 0o755)\nopen('notes', 'w').write('mine')\nos.chmod('notes', 0o644)")
+        targets = {
+            "trainer's file": f"open({str(answers)!r}).read()",
+            "its folder": f"os.listdir({str(tmp_path)!r})",
+            "/tmp": "os.listdir('/tmp')",
+            "/var/tmp": "os.listdir('/var/tmp')",
+            "/dev/shm": "os.listdir('/dev/shm')",
+            "checkout": f"open({os.path.join(checkout, 'pyproject.toml')!r}).read()",
+            "other REPL's home": f"open({os.path.join(other.workdir, 'notes')!r}).read()",
+        }
+        for what, expression in targets.items():
+            result = run(repl, f"import os\nprint({expression})")
+            assert result.error is not None and "PermissionError" in result.error, (what, result)
+        works = run(
+            repl,
+            """
+            import collections, json, math, os, re, subprocess
+            print(json.dumps({"a": math.sqrt(4)}), re.sub("b", "c", "ab"), collections.Counter("aab")["a"])
+            print(subprocess.run(["ls", "/usr"], capture_output=True, text=True).returncode)
+            open("mine", "w").write("ok"); print(open("mine").read(), os.listdir("."))
+            try:
+                import numpy
+            except ImportError:
+                print(6)
+            else:
+                print(int(numpy.arange(4).sum()))
+            """,
+        )
+        assert works.error is None and works.stdout.splitlines() == ['{"a": 2.0} ac 2', "0", "ok ['mine']", "6"]
+        assert run(other, "print(open('notes').read())").stdout == "mine\n"  # each reads its own
+
+
+_READ_FROM_A_VENV_UNDER_TMP = r"""
+import json, os, sys
+from trl_ext.rlm import PythonREPL
+with PythonREPL(isolation="process") as repl:
+    denied = repl.execute(f"print(open({sys.argv[1]!r}).read())").error
+    imports = repl.execute("import json, re, math, collections, sys; print(sys.prefix)").stdout
+print("REPORT " + json.dumps({"denied": "PermissionError" in (denied or ""), "imports": imports, "prefix": sys.prefix}))
+"""
+
+
+@needs_landlock
+def test_1_process_backend_reads_from_a_venv_under_tmp(tmp_path):
+    """A CI venv under /tmp is the Python installation: readable; the rest of /tmp is not."""
+    venv = _venv_under_tmp()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("42")
+    os.chmod(tmp_path, 0o755)
+    os.chmod(secret, 0o644)
+    try:
+        python = os.path.join(venv, "bin", "python")
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = {**os.environ, "PYTHONPATH": repo}
+        result = subprocess.run(
+            [python, "-c", _READ_FROM_A_VENV_UNDER_TMP, str(secret)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+    finally:
+        subprocess.run(["rm", "-rf", venv], check=True)
+    reports = [line for line in result.stdout.splitlines() if line.startswith("REPORT ")]
+    assert result.returncode == 0 and reports, result.stdout[-2000:] + result.stderr[-4000:]
+    report = json.loads(reports[-1][len("REPORT ") :])
+    assert report["prefix"] == venv and report["denied"], report
+    assert report["imports"].strip(), report

@@ -41,7 +41,9 @@ uid (root trainers), control groups limiting memory, processes and CPU for the w
 between cells, rlimits, no_new_privs and a syscall filter; where the host cannot give namespaces it falls back
 to the process backend with a warning (``isolation="strict"`` refuses instead). A cell that times out, or an
 interpreter that dies, is killed with everything it started; the next cell runs in a fresh interpreter and its
-output starts with `REPL_RESTART_NOTICE`.
+output starts with `REPL_RESTART_NOTICE`. Where the backend cannot bound the REPL's disk itself (the process backend),
+its files are measured during and after every cell: past ``disk_mb`` the REPL is stopped the same way, its home
+emptied, and the cell's error says "disk budget exceeded".
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ from .sandbox import (
     select_backend,
 )
 from .sandbox.backend import quote_sandbox_text
+from .sandbox.disk import DiskUsage, disk_file_limit
 
 __all__ = ["REPL_RESTART_NOTICE", "PythonREPL"]
 
@@ -95,6 +98,19 @@ REPL_RESTART_NOTICE = (
 _CLOSED_DURING_CELL = "The REPL was closed while this cell ran (PythonREPL.close); the cell did not finish."
 
 _T = TypeVar("_T")
+
+# How often a running cell's files are measured where the backend cannot bound its disk (the process backend): at
+# most this long apart, and sooner while they grow, down to the minimum (`PythonREPL._recv`).
+DISK_CHECK_INTERVAL_S = 0.02
+DISK_CHECK_MIN_INTERVAL_S = 0.002
+
+
+class _DiskBudgetExceeded(Exception):
+    """The REPL's files took more than ``disk_mb`` during a cell (`PythonREPL._recv`)."""
+
+    def __init__(self, usage: DiskUsage) -> None:
+        super().__init__(usage)
+        self.usage = usage
 
 
 class PythonREPL:
@@ -346,7 +362,7 @@ class PythonREPL:
             await wire.send({"kind": "exec", "seq": seq, "code": code}, timeout_s)
             while True:
                 started = time.monotonic()
-                message = await wire.recv(budget)
+                message = await self._recv(interpreter, budget)
                 budget -= time.monotonic() - started
                 if message.get("seq") != seq:
                     raise ProtocolError(f"a frame of cell {message.get('seq')!r:.20} arrived during cell {seq}")
@@ -355,6 +371,13 @@ class PythonREPL:
                     if wire.pending():
                         raise ProtocolError("extra bytes after the cell's result")
                     result = parse_result(message, self.limits.max_output_chars, self.limits.max_answer_chars)
+                    usage, over = None, False
+                    if process.measures_disk:  # what the cell left behind, against disk_mb
+                        usage, over = await asyncio.get_running_loop().run_in_executor(
+                            None, self._check_disk, interpreter
+                        )
+                    if over and usage is not None:
+                        return await self._stop_disk_overrun(usage, notice, result.stdout)
                     return replace(result, stdout=notice + result.stdout, restarted=bool(notice))
                 if message["kind"] != "query":
                     raise ProtocolError(f"unexpected message kind {message['kind']!r:.40}")
@@ -363,6 +386,8 @@ class PythonREPL:
                 answer = await self._answer(request, on_query)
                 process.thaw()
                 await wire.send(answer, timeout_s)
+        except _DiskBudgetExceeded as exc:
+            return await self._stop_disk_overrun(exc.usage, notice, "")
         except TimeoutError:
             await self._lose_interpreter(f"the previous cell exceeded the {timeout_s:g} s time limit")
             error = (
@@ -392,6 +417,73 @@ class PythonREPL:
             # A failing handler or a cancellation leaves the interpreter waiting for an answer: it cannot go on.
             await asyncio.shield(self._lose_interpreter("the previous cell was interrupted"))
             raise
+
+    async def _recv(self, interpreter: Interpreter, timeout_s: float) -> dict[str, Any]:
+        """The sandbox's next frame (`Wire.recv`). Meanwhile, where the backend cannot bound the REPL's disk itself
+        (`SandboxProcess.disk_usage`: the process backend), its files are measured: first after
+        `DISK_CHECK_MIN_INTERVAL_S`, then twice as long apart each time up to `DISK_CHECK_INTERVAL_S`, and sooner
+        while they grow (at their last rate, half the time they would take to fill the rest of ``disk_mb``, never
+        under the minimum); past ``disk_mb`` the REPL is frozen at once and `_DiskBudgetExceeded` raised."""
+        if not interpreter.process.measures_disk:
+            return await interpreter.wire.recv(timeout_s)
+        receiving = asyncio.ensure_future(interpreter.wire.recv(timeout_s))
+        loop = asyncio.get_running_loop()
+        budget = self.limits.disk_mb * 2**20
+        wait, last = DISK_CHECK_MIN_INTERVAL_S, None
+        try:
+            while True:
+                done, _ = await asyncio.wait({receiving}, timeout=wait)
+                if done:
+                    return receiving.result()
+                usage, over = await loop.run_in_executor(None, self._check_disk, interpreter)
+                if over:  # the REPL is frozen: no more writes
+                    raise _DiskBudgetExceeded(usage)
+                if usage is None:
+                    return await receiving
+                now, wait = time.monotonic(), min(2 * wait, DISK_CHECK_INTERVAL_S)
+                if last is not None and usage.bytes > last[1]:
+                    rate = (usage.bytes - last[1]) / max(now - last[0], 1e-6)
+                    wait = max(DISK_CHECK_MIN_INTERVAL_S, min(wait, (budget - usage.bytes) / rate / 2))
+                last = (now, usage.bytes)
+        finally:
+            if not receiving.done():
+                receiving.cancel()
+                await asyncio.wait({receiving})  # lets go of the pipes before the interpreter is killed
+
+    def _check_disk(self, interpreter: Interpreter) -> tuple[DiskUsage | None, bool]:
+        """What the REPL's files take (`SandboxProcess.disk_usage`), and whether that is past ``disk_mb`` or its file
+        count, the REPL then frozen and its usage counted in full for the message (blocking: a walk of its home)."""
+        budget, files = self.limits.disk_mb * 2**20, disk_file_limit(self.limits.disk_mb)
+        process = interpreter.process
+        usage = process.disk_usage(budget, files)
+        if usage is None or (usage.bytes <= budget and usage.files <= files):
+            return usage, False
+        process.freeze()  # no more writes; then all its bytes (the walk still stops past `files`)
+        return process.disk_usage(2**62, files) or usage, True
+
+    async def _stop_disk_overrun(self, usage: DiskUsage, notice: str, stdout: str) -> ReplResult:
+        """The REPL's files took more than ``disk_mb``: like a memory overrun, the interpreter is killed (its
+        variables lost), and its home is emptied, a new folder replacing the old one, so that the next cell starts a
+        fresh interpreter under its budget. The cell reports why, in an error the model reads."""
+        disk_mb, files = self.limits.disk_mb, disk_file_limit(self.limits.disk_mb)
+        if usage.files > files:
+            what = f"its home held more than {files} files and folders (the limit for disk_mb={disk_mb})"
+        else:
+            more = "" if usage.complete else "at least "
+            what = f"its files took {more}{usage.bytes / 2**20:.1f} MB of disk_mb={disk_mb}"
+        await self._lose_interpreter(f"the previous cell exceeded its disk budget ({what})")
+        folder = await asyncio.get_running_loop().run_in_executor(
+            None, make_folder, self.backend, self._resources.lease
+        )
+        if not self._resources.replace_folder(folder):
+            return ReplResult(stdout=notice + stdout, error=_CLOSED_DURING_CELL, crashed=True, restarted=bool(notice))
+        self._folder_used = False
+        error = (
+            f"disk budget exceeded: {what} (all files beneath its home together, removed files still open "
+            "included). The REPL process was killed: its variables and files are lost and the next cell starts a "
+            "fresh REPL in an empty home."
+        )
+        return ReplResult(stdout=notice + stdout, error=error, crashed=True, restarted=bool(notice))
 
     async def _replace_after_failed_restart(self, failure: SandboxError) -> ReplResult:
         """A restart failed where an interpreter ran before: the REPL's own code may have broken it (its folder

@@ -17,6 +17,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .disk import DiskUsage
 from .identity import UidLease
 from .limits import SandboxLimits, sandbox_environment
 
@@ -69,6 +70,18 @@ class SandboxProcess(abc.ABC):
 
     def memory_peak_bytes(self) -> int | None:
         """Peak memory of this interpreter life, all its processes and files together (None: not measured)."""
+        return None
+
+    @property
+    def measures_disk(self) -> bool:
+        """The backend cannot bound the REPL's disk itself (the process backend's home on the host's disk), so
+        `PythonREPL` asks `disk_usage` during and after every cell and stops a REPL past its ``disk_mb``. False:
+        the backend bounds it (the namespace backend's tmpfs)."""
+        return False
+
+    def disk_usage(self, max_bytes: int, max_files: int) -> DiskUsage | None:
+        """What the REPL's files take where `measures_disk`, counted up to just past `max_bytes` or `max_files`
+        (`trl_ext.rlm.sandbox.disk.DiskUsage`); None where not."""
         return None
 
     @property

@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from .limits import SandboxLimits
 
@@ -110,9 +110,11 @@ class ControlGroups:
     def thaw(self) -> None:
         self._write("freezer", "freezer.state", "THAWED")
 
-    def pids(self) -> set[int]:
+    def pids(self, controllers: Iterable[str] | None = None) -> set[int]:
+        """The processes in the REPL's groups (of `controllers` only: its pids group holds them all, and is read
+        faster than all four)."""
         found: set[int] = set()
-        for controller in self.paths:
+        for controller in self.paths if controllers is None else set(controllers) & set(self.paths):
             try:
                 found.update(int(line) for line in self._read(controller, "cgroup.procs").split())
             except OSError:

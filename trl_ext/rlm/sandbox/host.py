@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .limits import SandboxError, SandboxLimits
+from .runtime import beneath, readable_roots, runtime_paths
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +63,9 @@ class HostSupport:
         cgroups: None when memory, pids and freezer groups can be created, else why not.
         seccomp: None when the syscall filter can be installed (x86_64 Linux), else why not.
         as_root: the trainer runs as root (REPLs then get private uids).
-        landlock_abi: the kernel's Landlock ABI version (0: none); the process backend applies it (>= 4: TCP too,
-            >= 6: signals and abstract sockets too).
+        landlock_abi: the kernel's Landlock ABI version (0: none); the process backend applies it (>= 1: writes
+            beneath the REPL's home only, reads there and beneath `readable_roots` only; >= 4: TCP too, >= 6:
+            signals and abstract sockets too).
     """
 
     namespaces: str | None
@@ -247,10 +249,18 @@ def isolation_report(limits: SandboxLimits) -> dict[str, Any]:
         else:
             isolated.append("network")
     else:
-        opened.append("the host file system to read (world-readable files: datasets, checkpoints, rollout trees)")
         if host.landlock_abi > 0:
             isolated.append(f"writes only beneath the REPL's home (Landlock ABI {host.landlock_abi})")
+            isolated.append(
+                "reads only beneath the REPL's home and the runtime (system directories, the Python installation: "
+                "readable_roots), not the run's output_dir, the checkout or /tmp (Landlock)"
+            )
+            opened.append(
+                "the runtime's directories to read (/usr, /etc, /opt, /proc, /sys, the Python installation): "
+                "every world-readable file there, every process's /proc/<pid>/cmdline"
+            )
         else:
+            opened.append("the host file system to read (world-readable files: datasets, checkpoints, rollout trees)")
             opened.append("/tmp and /dev/shm are the host's to write (files of a closed REPL are deleted, not hidden)")
         if host.landlock_abi >= 4 and not limits.network:
             isolated.append("TCP connect and bind (Landlock)")
@@ -267,7 +277,12 @@ def isolation_report(limits: SandboxLimits) -> dict[str, Any]:
             "process a cell started can dodge while a query is answered by leaving the server's process group"
         )
     if backend == "process":
-        opened.append("disk use is capped per file, not per REPL")
+        if host.landlock_abi > 0:
+            isolated.append("disk_mb for the REPL's whole home (measured during and after each cell; stopped past it)")
+        else:
+            opened.append(
+                "disk use is capped per file, not per REPL: the home is measured, but /tmp and /dev/shm are writable"
+            )
         if not (host.namespaces is None and host.as_root):  # else each REPL gets SysV IPC and ptys of its own
             opened.append(
                 "SysV IPC and ptys are the host's: concurrent REPLs can talk through SysV objects, and a REPL can "
@@ -279,6 +294,67 @@ def isolation_report(limits: SandboxLimits) -> dict[str, Any]:
         isolated.append("no_new_privs")
         opened.append(f"no syscall filter ({host.seccomp})")
     return {"repl/isolation": backend, "isolated": isolated, "open": opened}
+
+
+def repl_can_read(path: str, limits: SandboxLimits | None = None) -> bool:
+    """Whether the sandbox lets model code in a REPL of `limits` (default: `SandboxLimits()`) on this host read
+    `path` (file permissions aside, which still apply). A pure check, without a REPL or a warning.
+
+    The namespace backend shows a REPL only its runtime (`runtime_paths`, read-only) and its own tmpfs; the process
+    backend under Landlock lets it read only beneath its home and `readable_roots`; without Landlock, everything.
+    A trainer asks it of its ``output_dir`` (rollout trees, ``rollout_state.json``, the weight index).
+    """
+    limits = limits or SandboxLimits()
+    host = host_support()
+    if limits.isolation != "process" and host.namespaces is None:
+        return beneath(path, runtime_paths()) is not None
+    if host.landlock_abi > 0:
+        return beneath(path, readable_roots()) is not None
+    return True
+
+
+def run_exposure(limits: SandboxLimits, output_dir: str | None) -> list[str]:
+    """What of a training run a REPL of `limits` on this host can reach, in words (empty: nothing): the run's
+    `output_dir` (`repl_can_read`) and the served policy's endpoints over loopback TCP (the process backend without
+    Landlock ABI 4, or ``network=True``), which with disk weight sync include vLLM's dev-mode endpoints
+    (``POST /v1/load_lora_adapter``: model code could choose the weights it is sampled from)."""
+    host = host_support()
+    namespace = limits.isolation != "process" and host.namespaces is None
+    exposed = []
+    if output_dir is not None and repl_can_read(output_dir, limits):
+        if namespace:
+            where = "it lies in the runtime the namespace backend shows its REPLs"
+        elif host.landlock_abi > 0:
+            where = f"it lies beneath {beneath(output_dir, readable_roots())}, which REPLs may read (readable_roots)"
+        else:
+            where = "the process backend without Landlock leaves the whole host file system readable"
+        exposed.append(
+            f"output_dir {os.path.realpath(output_dir)} (rollout trees, rollout_state.json, the weight index): {where}"
+        )
+    if limits.network:
+        exposed.append("the network (network=True): the served policy's endpoints, dev-mode weight loading included")
+    elif not namespace and host.landlock_abi < 4:
+        why = "no Landlock in this kernel" if host.landlock_abi == 0 else f"Landlock ABI {host.landlock_abi} < 4"
+        exposed.append(
+            f"loopback TCP ({why}): the served policy's endpoints, dev-mode weight loading "
+            "(POST /v1/load_lora_adapter) included"
+        )
+    return exposed
+
+
+def warn_run_exposure(limits: SandboxLimits, output_dir: str | None, trainer: str) -> list[str]:
+    """Warn once, loudly, when REPLs of `limits` can reach the run of `trainer` (`run_exposure`), naming what and
+    the fix; returns what is exposed."""
+    exposed = run_exposure(limits, output_dir)
+    if exposed:
+        _warn_once(
+            f"run-exposure:{trainer}:{exposed}",
+            f"{trainer}: the REPL sandbox cannot keep model code from this run: it can reach "
+            f"{'; '.join(exposed)}. Fix: isolation='strict' on a host with Linux namespaces, or, for the process "
+            "backend, a kernel with Landlock ABI >= 4 (Linux 6.7+), network=False and an output_dir outside "
+            f"the roots REPLs may read ({', '.join(readable_roots())}) (docs/security.md, 'Backends and hosts').",
+        )
+    return exposed
 
 
 _warned: set[str] = set()

@@ -28,10 +28,11 @@ from typing import Any
 from .backend import LaunchSpec, SandboxBackend, SandboxProcess
 from .cgroups import ControlGroups
 from .child import BOOT, server_code
+from .disk import DiskUsage, measure_home
 from .host import host_support, memory_folder, resolve_isolation
-from .identity import SHARED_WRITABLE_DIRS, UidLease, count_tasks_of_uid, kill_uid
+from .identity import SHARED_WRITABLE_DIRS, UidLease, count_tasks_of_uid, kill_uid, processes_of_uid
 from .limits import SandboxError, SandboxLimits, sandbox_environment
-from .runtime import NAMESPACE_HOME, interpreter_import_paths, runtime_paths
+from .runtime import NAMESPACE_HOME, interpreter_import_paths, readable_roots, runtime_paths
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +58,10 @@ class LocalProcess(SandboxProcess):
         status: int,
         cgroups: ControlGroups | None,
         uid: int | None,
+        disk_home: str | None = None,
     ) -> None:
         self.pid, self.read_fd, self.write_fd = pid, read_fd, write_fd
+        self._disk_home = disk_home  # the process backend's home on the host's disk (`disk_usage`); None: a tmpfs
         self._lifeline, self._status, self._cgroups, self._uid = lifeline, status, cgroups, uid
         try:  # to wait for the supervisor's exit, although it is the zygote's child, not ours
             self._pidfd = os.pidfd_open(pid)
@@ -118,6 +121,25 @@ class LocalProcess(SandboxProcess):
 
     def memory_peak_bytes(self) -> int | None:
         return self._cgroups.memory_peak_bytes() if self._cgroups is not None else None
+
+    @property
+    def measures_disk(self) -> bool:
+        return self._disk_home is not None
+
+    def disk_usage(self, max_bytes: int, max_files: int) -> DiskUsage | None:
+        """The process backend: the blocks of its home on the host's disk and of the files its processes hold open
+        after removing them (`measure_home`); the namespace backend's tmpfs bounds itself (None)."""
+        if self._disk_home is None:
+            return None
+        return measure_home(self._disk_home, self._processes(), max_bytes, max_files)
+
+    def _processes(self) -> list[int]:
+        """The sandbox's processes: its control groups' members, else its private uid's, else its server."""
+        if self._cgroups is not None:
+            return sorted(self._cgroups.pids(("pids",)))
+        if self._uid is not None:
+            return processes_of_uid(self._uid)
+        return [self._server_pid] if self._server_pid is not None else []
 
     def kill(self) -> int | None:
         with self._lock:  # after a freeze or thaw in progress; none starts from now on
@@ -318,8 +340,10 @@ class LocalBackend(SandboxBackend):
             "disk_mb": limits.disk_mb,
             "seccomp": host.seccomp is None,
             # The process backend shares the host's file system and network: Landlock keeps its writes in its home,
-            # TCP away unless limits.network, and its signals and abstract sockets inside it (docs/security.md).
+            # its reads there and beneath the runtime's roots, TCP away unless limits.network, and its signals and
+            # abstract sockets inside it (docs/security.md).
             "landlock": not self.namespace and host.landlock_abi > 0,
+            "read_roots": list(readable_roots()),  # and its home: nothing else to read (output_dir, checkout)
             # Killing every other process of the sandbox is only safe with a private uid or PID namespace.
             "reap_strays": lease is not None or self.namespace,
             "import_paths": list(interpreter_import_paths()),
@@ -360,7 +384,8 @@ class LocalBackend(SandboxBackend):
             for fd in (cmd_read, evt_write, life_read, status_write):
                 os.close(fd)
         pid = int.from_bytes(report, "big")
-        return LocalProcess(pid, evt_read, cmd_write, life_write, status_read, cgroups, config["uid"])
+        disk_home = None if self.namespace else spec.home  # a namespaced REPL's home is a tmpfs of disk_mb
+        return LocalProcess(pid, evt_read, cmd_write, life_write, status_read, cgroups, config["uid"], disk_home)
 
 
 def _send_startup(fd: int, parts: Sequence[bytes], timeout_s: float) -> None:

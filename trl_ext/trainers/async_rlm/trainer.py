@@ -15,7 +15,7 @@ import dataclasses
 import os
 
 from ...methods import METHODS
-from ...rlm.sandbox import isolation_report, resolve_isolation
+from ...rlm.sandbox import isolation_report, resolve_isolation, warn_run_exposure
 from ..async_method import AsyncMethodTrainer
 from ..async_seam import LOSS_WEIGHTS_KEY, loss_weight_collator
 from ..prompt_cap import prompt_cap
@@ -52,10 +52,12 @@ class AsyncStepwiseRLMTrainer(AsyncMethodTrainer):
     dataset_error = "AsyncStepwiseRLMTrainer needs a train_dataset with a 'prompt' column (the tasks)."
 
     def set_up_method(self, args):
-        """Checks the REPL sandbox now: ``isolation="strict"`` fails here, ``"auto"`` warns once if weaker."""
+        """Checks the REPL sandbox now: ``isolation="strict"`` fails here, ``"auto"`` warns once if weaker, and a
+        backend that cannot keep REPLs from this run (its output_dir, the served policy's endpoints) warns once."""
         sandbox = args.scaffold_config().sandbox
         resolve_isolation(sandbox)
         self.sandbox_info = isolation_report(sandbox)  # written to the run info
+        warn_run_exposure(sandbox, args.output_dir, type(self).__name__)
 
     def build_rollout_worker(self, args, worker_kwargs):
         return RLMRolloutWorker(

@@ -13,7 +13,8 @@
    system at ``/proc/self/fd/<n>`` for directories the uid cannot traverse (process backend); its stdout and
    stderr leave the start-up log on the trainer's disk for an unlinked file in its own home (`_private_output`);
    the process backend then applies Landlock where the kernel has it (`_install_landlock`: files written only
-   beneath its home, no TCP, no signals or abstract sockets outside it);
+   beneath its home, read only there and beneath the runtime's roots, no TCP, no signals or abstract sockets
+   outside it);
 4. it receives the init payload (``context``, helper source, helper objects), runs the helpers, reports ready;
 5. it serves cells until told to close or until the parent's end of the pipe closes.
 """
@@ -30,7 +31,7 @@ from .confine import (
     _open_import_dirs,
     _rewrite_import_paths,
 )
-from .landlock import _install_landlock
+from .landlock import _install_landlock, _open_read_roots
 from .seccomp import _install_seccomp
 from .server import _format_exception, _private_output, _reap_strays, _Server
 from .supervisor import _supervise
@@ -67,6 +68,7 @@ def main():
         opened = _open_import_dirs(config["import_paths"])
         if config["private_ipc_and_ptys"]:
             _private_ipc_and_ptys()
+    read_root_fds = _open_read_roots(config["read_roots"]) if config["landlock"] else []  # while privileged
     _apply_limits(config["limits"])
     _prctl(_PR_SET_NO_NEW_PRIVS, 1, "prctl(PR_SET_NO_NEW_PRIVS)")  # setuid binaries no longer raise privileges
     if config["uid"] is not None:
@@ -81,7 +83,7 @@ def main():
     if config["reap_strays"]:
         _reap_strays()  # leftovers of an earlier session that used the same private uid
     if config["landlock"]:  # after the reaping: Landlock's signal scope would keep it from the leftovers
-        _install_landlock(config["home"], config["network"])
+        _install_landlock(config["home"], config["network"], read_root_fds)
     if config["namespace"]:
         sys.path[:] = config["import_paths"]
     else:
