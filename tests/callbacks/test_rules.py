@@ -339,6 +339,7 @@ def sample_fields(rule):
         "metric": "clip_ratio/region_mean",
         "value": 0.5,
         "streak": 4,
+        "threshold": 0.0,
         "reference": 0.05,
         "ratio": 7.5,
         "entropy": 0.01,
