@@ -31,6 +31,40 @@ def test_keep_mask_hand_computed():
     assert ipo_keep_mask(torch.tensor([[0.5]]).log(), torch.tensor([[0.25]]).log(), threshold=0.25).item()
 
 
+def test_ipo_ratio_band_stops_a_token_that_moved_as_far_as_its_advantage_asks():
+    # p_old 0.2 for every token, all inside the probability region (|p − p_old| <= 0.06 < 0.3)
+    p = torch.tensor([[0.14, 0.26, 0.26, 0.14, 0.19]], dtype=torch.float64)
+    old = torch.full_like(p, 0.2).log()
+    advantages = torch.tensor([[-1.0, -1.0, 2.0, 2.0, -1.0]], dtype=torch.float64)
+    # ρ = 0.7 (A<0: below 1 − 0.2, dropped), 1.3 (A<0, moved against it: kept), 1.3 (A>0: above 1.2, dropped),
+    # 0.7 (A>0, moved against it: kept), 0.95 (A<0, inside the band: kept)
+    logps = p.log().requires_grad_()
+    loss, metrics = ipo_loss(logps, old, advantages, torch.ones_like(p), ratio_band=0.2)
+    assert loss.item() == pytest.approx(-(-1.0 * 1.3 + 2.0 * 0.7 - 1.0 * 0.95) / 5)
+    loss.backward()
+    assert logps.grad[0].tolist() == pytest.approx([0.0, 1.3 / 5, 0.0, -1.4 / 5, 0.95 / 5])
+    assert metrics["band_ratio"].item() == pytest.approx(2 / 5) and metrics["masked_ratio"].item() == pytest.approx(
+        2 / 5
+    )
+    # the region alone trains every one of them
+    region, region_metrics = ipo_loss(p.log(), old, advantages, torch.ones_like(p), ratio_band=None)
+    assert region.item() == pytest.approx(-(-0.7 - 1.3 + 2.6 + 1.4 - 0.95) / 5)
+    assert region_metrics["band_ratio"].item() == 0.0 and region_metrics["masked_ratio"].item() == 0.0
+    with pytest.raises(ValueError, match="ratio_band"):
+        ipo_loss(p.log(), old, advantages, torch.ones_like(p), ratio_band=1.0)
+
+
+def test_ipo_ratio_band_stops_an_unlikely_token_the_region_lets_fall_to_zero():
+    """A token with p_old <= ε stays in the probability region however low it falls: with a negative advantage
+    only the band stops pushing it down."""
+    old = torch.tensor([[0.25]], dtype=torch.float64).log()
+    for p, region_trains, band_trains in ((0.24, True, True), (0.1, True, False), (1e-6, True, False)):
+        logps = torch.tensor([[p]], dtype=torch.float64).log()
+        assert bool(ipo_keep_mask(logps, old)) is region_trains
+        _, metrics = ipo_loss(logps, old, torch.tensor([-1.0]), torch.ones(1, 1))
+        assert (metrics["masked_ratio"].item() == 0.0) is band_trains
+
+
 def test_keep_mask_nonfinite_and_validation():
     logps = torch.tensor([[-0.1, -0.1]])
     old = torch.tensor([[float("-inf"), float("nan")]])  # p_old = 0 (|Δ| = 0.905 > 0.3), and unscorable
@@ -42,9 +76,15 @@ def test_keep_mask_nonfinite_and_validation():
         ipo_keep_mask(logps, logps[:, :1])
 
 
+def ipo_region_loss(*args, **kwargs):
+    """`ipo_loss` with the probability-difference region alone (``ratio_band=None``): the tests below check that
+    region by hand; the band has tests of its own."""
+    return ipo_loss(*args, ratio_band=None, **kwargs)
+
+
 def test_ipo_loss_hand_computed_value_and_metrics():
     logps, old = _logps()
-    loss, metrics = ipo_loss(logps, old, ADV, MASK, threshold=0.3, ratio_cap=8.0)
+    loss, metrics = ipo_region_loss(logps, old, ADV, MASK, threshold=0.3, ratio_cap=8.0)
     assert loss.item() == pytest.approx(-7.25 / 5)
     assert metrics["masked_ratio"].item() == pytest.approx(2 / 5)
     assert metrics["capped_ratio"].item() == pytest.approx(1 / 5)
@@ -54,7 +94,7 @@ def test_ipo_loss_hand_computed_value_and_metrics():
 
 def test_ipo_loss_gradient_zero_on_masked_and_bounded_on_capped():
     logps, old = _logps()
-    loss, _ = ipo_loss(logps, old, ADV, MASK)
+    loss, _ = ipo_region_loss(logps, old, ADV, MASK)
     loss.backward()
     # d loss / d log p = -keep · A · min(ρ, C) / 5: the capped token gets exactly -A·C/5
     expected = torch.tensor([[-1.25 / 5, 0.0, -8.0 / 5], [2.0 / 5, 0.0, 0.0]], dtype=torch.float64)
@@ -63,34 +103,34 @@ def test_ipo_loss_gradient_zero_on_masked_and_bounded_on_capped():
 
 def test_ipo_loss_kl_tau_penalty():
     logps, old = _logps()
-    loss, _ = ipo_loss(logps, old, ADV, MASK, kl_tau=0.1)
+    loss, _ = ipo_region_loss(logps, old, ADV, MASK, kl_tau=0.1)
     penalty = sum(math.log(r) ** 2 for r in (1.25, 1.8, 10.0, 1.0, 0.1))
     assert loss.item() == pytest.approx((-7.25 + 0.1 * penalty) / 5)
 
 
 def test_ipo_loss_token_advantages_equal_broadcast_row_advantages():
     logps, old = _logps()
-    loss_row, _ = ipo_loss(logps, old, ADV, MASK)
-    loss_tok, _ = ipo_loss(logps, old, ADV.unsqueeze(1).expand(2, 3).clone(), MASK)
+    loss_row, _ = ipo_region_loss(logps, old, ADV, MASK)
+    loss_tok, _ = ipo_region_loss(logps, old, ADV.unsqueeze(1).expand(2, 3).clone(), MASK)
     assert loss_row.item() == pytest.approx(loss_tok.item())
     # a per-token advantage changes exactly the tokens it touches: +0.5 on the kept, uncapped token (0, 0)
     token_adv = ADV.unsqueeze(1).expand(2, 3).clone()
     token_adv[0, 0] += 0.5
-    loss_changed, _ = ipo_loss(logps, old, token_adv, MASK)
+    loss_changed, _ = ipo_region_loss(logps, old, token_adv, MASK)
     assert loss_changed.item() == pytest.approx((-7.25 - 0.5 * 1.25) / 5)
     with pytest.raises(ValueError, match="advantages must have shape"):
-        ipo_loss(logps, old, torch.ones(3), MASK)
+        ipo_region_loss(logps, old, torch.ones(3), MASK)
 
 
 def test_ipo_loss_ignores_garbage_old_logps_at_padding():
     logps, old = _logps()
     garbage = old.clone()
     garbage[1, 2] = float("-inf")
-    loss_inf, _ = ipo_loss(logps, garbage, ADV, MASK)
+    loss_inf, _ = ipo_region_loss(logps, garbage, ADV, MASK)
     garbage[1, 2] = float("nan")
-    loss_nan, _ = ipo_loss(logps, garbage, ADV, MASK)
+    loss_nan, _ = ipo_region_loss(logps, garbage, ADV, MASK)
     garbage[1, 2] = 1e30
-    loss_big, _ = ipo_loss(logps, garbage, ADV, MASK, kl_tau=0.0)
+    loss_big, _ = ipo_region_loss(logps, garbage, ADV, MASK, kl_tau=0.0)
     for loss in (loss_inf, loss_nan, loss_big):
         assert loss.item() == pytest.approx(-7.25 / 5)
     loss_nan.backward()
@@ -101,14 +141,14 @@ def test_ipo_loss_unscorable_token_inside_mask_is_masked_out():
     logps, old = _logps()
     old = old.clone()
     old[0, 0] = float("nan")  # e.g. a token vLLM could not score
-    loss, metrics = ipo_loss(logps, old, ADV, MASK)
+    loss, metrics = ipo_region_loss(logps, old, ADV, MASK)
     assert loss.item() == pytest.approx((-7.25 + 1.25) / 5)
     assert metrics["masked_ratio"].item() == pytest.approx(3 / 5)
 
 
 def test_ipo_loss_all_masked_rows():
     logps, old = _logps()
-    loss, metrics = ipo_loss(logps, old, ADV, torch.zeros_like(MASK))
+    loss, metrics = ipo_region_loss(logps, old, ADV, torch.zeros_like(MASK))
     assert loss.item() == 0.0
     assert metrics["masked_ratio"].item() == 0.0
     loss.backward()
@@ -116,7 +156,7 @@ def test_ipo_loss_all_masked_rows():
     # a row whose tokens are all outside the trust region contributes 0 but still counts in the normaliser
     far = torch.tensor([[0.9, 0.9], [0.5, 0.5]], dtype=torch.float64)
     near = torch.tensor([[0.1, 0.1], [0.5, 0.5]], dtype=torch.float64)
-    loss, metrics = ipo_loss(far.log(), near.log(), torch.tensor([1.0, 1.0]), torch.ones(2, 2))
+    loss, metrics = ipo_region_loss(far.log(), near.log(), torch.tensor([1.0, 1.0]), torch.ones(2, 2))
     assert loss.item() == pytest.approx(-2.0 / 4)
     assert metrics["masked_ratio"].item() == pytest.approx(0.5)
 
@@ -124,7 +164,7 @@ def test_ipo_loss_all_masked_rows():
 def test_ipo_loss_underflowing_old_prob_is_capped_finitely():
     logps = torch.tensor([[math.log(0.2)]], requires_grad=True)
     old = torch.tensor([[-200.0]])  # p_old underflows to 0 in float32: ρ would be inf
-    loss, metrics = ipo_loss(logps, old, torch.tensor([1.0]), torch.ones(1, 1), ratio_cap=8.0)
+    loss, metrics = ipo_region_loss(logps, old, torch.tensor([1.0]), torch.ones(1, 1), ratio_cap=8.0)
     assert loss.item() == pytest.approx(-8.0)
     loss.backward()
     assert logps.grad.item() == pytest.approx(-8.0)
@@ -133,14 +173,14 @@ def test_ipo_loss_underflowing_old_prob_is_capped_finitely():
 
 def test_ipo_loss_normalizer_and_validation():
     logps, old = _logps()
-    loss, _ = ipo_loss(logps, old, ADV, MASK, normalizer=10.0)
+    loss, _ = ipo_region_loss(logps, old, ADV, MASK, normalizer=10.0)
     assert loss.item() == pytest.approx(-7.25 / 10)
     with pytest.raises(ValueError, match="ratio_cap must be > 1"):
-        ipo_loss(logps, old, ADV, MASK, ratio_cap=1.0)
+        ipo_region_loss(logps, old, ADV, MASK, ratio_cap=1.0)
     with pytest.raises(ValueError, match="kl_tau"):
-        ipo_loss(logps, old, ADV, MASK, kl_tau=-1.0)
+        ipo_region_loss(logps, old, ADV, MASK, kl_tau=-1.0)
     with pytest.raises(ValueError, match="must all be"):
-        ipo_loss(logps, old, ADV, MASK[:, :2])
+        ipo_region_loss(logps, old, ADV, MASK[:, :2])
 
 
 def test_sampling_mismatch_counts_only_the_trained_tokens():
@@ -167,7 +207,7 @@ def test_ipo_loss_weights_multiply_each_tokens_whole_loss():
     logps, old = _logps()
     weights = torch.tensor([[2.0, 1.0, 0.5], [0.0, 3.0, 7.0]], dtype=torch.float64)
     tau = 0.5
-    loss, _ = ipo_loss(logps, old, ADV, MASK, kl_tau=tau, normalizer=1.0, weights=weights)
+    loss, _ = ipo_region_loss(logps, old, ADV, MASK, kl_tau=tau, normalizer=1.0, weights=weights)
     policy = [[-1.25, 0.0, -8.0], [2.0, 0.0, 0.0]]  # -keep·A·ρ̂ (see the header), the padding token is out
     ratio = [[1.25, 1.8, 10.0], [1.0, 0.1, 1.0]]
     expected = sum(
@@ -178,11 +218,11 @@ def test_ipo_loss_weights_multiply_each_tokens_whole_loss():
     )
     assert loss.item() == pytest.approx(expected, rel=1e-12)
     # weights of 1 are no weights
-    ones, _ = ipo_loss(logps, old, ADV, MASK, kl_tau=tau, weights=torch.ones_like(weights))
-    plain, _ = ipo_loss(logps, old, ADV, MASK, kl_tau=tau)
+    ones, _ = ipo_region_loss(logps, old, ADV, MASK, kl_tau=tau, weights=torch.ones_like(weights))
+    plain, _ = ipo_region_loss(logps, old, ADV, MASK, kl_tau=tau)
     assert ones.item() == plain.item()
     with pytest.raises(ValueError, match=r"weights must be \(B, T\)"):
-        ipo_loss(logps, old, ADV, MASK, weights=weights[:, :2])
+        ipo_region_loss(logps, old, ADV, MASK, weights=weights[:, :2])
 
 
 # ---------------------------------------------------------------------------------------------- TRL's PPO-clip loss
@@ -305,7 +345,7 @@ def test_an_outside_loss_reads_its_settings_from_loss_kwargs(tmp_path, outside_l
     with pytest.raises(ValueError, match="loss_type='dapo' takes no settings"):
         ExtGRPOConfig(**cpu_config_kwargs(str(tmp_path), loss_kwargs={"scale": 2.0}))
     ipo = ExtGRPOConfig(**cpu_config_kwargs(str(tmp_path), loss_type="ipo", ipo_threshold=0.2))
-    assert get_loss("ipo").settings_from(ipo) == {"threshold": 0.2, "ratio_cap": 8.0, "kl_tau": 0.0}
+    assert get_loss("ipo").settings_from(ipo) == {"threshold": 0.2, "ratio_cap": 8.0, "ratio_band": 0.2, "kl_tau": 0.0}
 
 
 def test_register_loss_needs_a_settings_dataclass():

@@ -94,15 +94,24 @@ def ipo_loss(
     *,
     threshold: float = 0.3,
     ratio_cap: float = 8.0,
+    ratio_band: float | None = 0.2,
     kl_tau: float = 0.0,
     normalizer: float | Tensor | None = None,
     weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """IPO masking loss (docs/ipo_loss.md): ``Σ over loss tokens of w·(−keep·A·ρ̂ + τ·(log ρ)²) / normalizer``.
 
-    With ρ = p / p_old, ``keep = |p − p_old| <= threshold`` and the capped ratio ``ρ̂ = ρ · stopgrad(min(1, C/ρ))``:
+    With ρ = p / p_old, ``keep = |p − p_old| <= threshold`` and, with a ``ratio_band`` δ, not beyond ``1 ± δ`` in
+    the direction of its advantage (``ρ < 1 − δ`` with A < 0, ``ρ > 1 + δ`` with A > 0: the token already moved as
+    far as its advantage asks, PPO-clip's region), and the capped ratio ``ρ̂ = ρ · stopgrad(min(1, C/ρ))``:
     ρ̂ equals min(ρ, C) in value and its gradient is ``min(ρ, C) · ∇log p``, so a capped token's gradient is
     bounded by C. ρ̂ is computed in log space, so a p_old that underflows to 0 gives a finite capped value.
+
+    Why the band: the probability-difference region alone never stops pushing down a token with p_old <= ε (its
+    |p − p_old| stays <= ε down to p = 0), and lets any token fall to ρ = 1 − ε / p_old <= 0.7 before it stops; in
+    the off-policy passes those tokens carry the net gradient, and on the quickstart's RLM task IPO without the band
+    drove the final answers of negative-advantage rollouts to 0 and the policy to a dead state on 3 of 3 seeds
+    (docs/ipo_loss.md, *Why the ratio band*).
 
     Args:
         logps: ``(B, T)`` log p of the sampled tokens under the current policy (carries the gradient).
@@ -113,6 +122,7 @@ def ipo_loss(
         mask: ``(B, T)`` loss tokens (bool or 0/1); padding and prompt positions are 0.
         threshold: ε of the keep mask (default 0.3).
         ratio_cap: C, the largest value of the ratio (default 8.0, must be > 1).
+        ratio_band: δ of the ratio band (default 0.2, in (0, 1)); None: the probability-difference region alone.
         kl_tau: τ, weight of the ``(log ρ)²`` penalty (default 0).
         normalizer: the summed per-token loss is divided by this; default: the number of loss tokens in ``mask``.
             A trainer passes the token count of its whole accumulation window, as TRL's ``dapo`` loss does.
@@ -121,7 +131,8 @@ def ipo_loss(
 
     Returns:
         ``(loss, metrics)``: a 0-dim loss, and 0-dim metrics over the loss tokens: ``masked_ratio`` (fraction
-        dropped by the trust region), ``capped_ratio`` (fraction kept with a ratio above the cap), ``ratio_mean``
+        dropped by the trust region, the band included), ``band_ratio`` (fraction dropped by the band alone, in the
+        probability region), ``capped_ratio`` (fraction kept with a ratio above the cap), ``ratio_mean``
         (mean uncapped ρ over the scorable loss tokens), ``num_tokens`` (number of loss tokens).
     """
     if logps.dim() != 2 or logps.shape != old_logps.shape or logps.shape != mask.shape:
@@ -135,7 +146,10 @@ def ipo_loss(
         raise ValueError(f"ratio_cap must be > 1 (the ratio of an unchanged token is 1), got {ratio_cap}.")
     if kl_tau < 0:
         raise ValueError(f"kl_tau must be >= 0, got {kl_tau}.")
+    if ratio_band is not None and not 0.0 < ratio_band < 1.0:
+        raise ValueError(f"ratio_band must be in (0, 1) or None, got {ratio_band}.")
     token_advantages = _as_token_advantages(advantages, logps.shape)
+    advantage_sign = token_advantages.detach().sign()
     if weights is not None:
         if weights.shape != logps.shape:
             raise ValueError(f"weights must be (B, T) = {tuple(logps.shape)} like logps; got {tuple(weights.shape)}.")
@@ -151,7 +165,14 @@ def ipo_loss(
     safe_old_logps = torch.where(scorable, old_logps.to(logps.dtype), zeros)
 
     log_ratio = safe_logps - safe_old_logps
-    keep = ipo_keep_mask(safe_logps, safe_old_logps, threshold) & scorable
+    in_region = ipo_keep_mask(safe_logps, safe_old_logps, threshold) & scorable
+    keep = in_region
+    if ratio_band is not None:  # beyond 1 ± δ in the direction of its advantage: moved as far as it is asked
+        moved = log_ratio.detach()
+        beyond = ((advantage_sign < 0) & (moved < math.log1p(-ratio_band))) | (
+            (advantage_sign > 0) & (moved > math.log1p(ratio_band))
+        )
+        keep = in_region & ~beyond
     # ρ̂ = ρ · stopgrad(min(1, C/ρ)) in log space: value min(log ρ, log C), gradient ∇log ρ. Written as
     # stopgrad(value) + (x − stopgrad(x)) so the value is exactly min(log ρ, log C) (x − x is exactly 0).
     log_cap = math.log(ratio_cap)
@@ -173,6 +194,7 @@ def ipo_loss(
         is_capped = keep & (log_ratio > log_cap)
         metrics = {
             "masked_ratio": (loss_tokens & ~keep).sum().to(torch.float32) / count,
+            "band_ratio": (in_region & ~keep).sum().to(torch.float32) / count,
             "capped_ratio": is_capped.sum().to(torch.float32) / count,
             "ratio_mean": torch.where(scorable, log_ratio.exp(), zeros).sum().to(torch.float32)
             / scorable.sum().clamp(min=1).to(torch.float32),
@@ -321,6 +343,13 @@ class IPOSettings:
         "masked, whatever the advantage sign). 0.3 is the judge blog's run setting; prime-rl's own default is 0.1.",
     )
     ratio_cap: float = documented(8.0, "C, the cap on the importance ratio p / p_old (value ≤ C, gradient ≤ C). > 1.")
+    ratio_band: float | None = documented(
+        0.2,
+        "δ: a token whose ratio p / p_old moved beyond 1 ± δ in the direction of its advantage (below 1 − δ with a "
+        "negative advantage, above 1 + δ with a positive one) also stops getting a gradient, as in PPO-clip. In "
+        "(0, 1); None: the probability-difference region alone (prime-rl's IPO), which on the quickstart's RLM task "
+        "let the final answers of failed rollouts fall to 0 and the policy die on 3 of 3 seeds (docs/ipo_loss.md).",
+    )
     kl_tau: float = documented(0.0, "τ, weight of the (log p/p_old)² penalty on every loss token. >= 0.")
 
     def __post_init__(self) -> None:
@@ -335,6 +364,11 @@ class IPOSettings:
             )
         if self.kl_tau < 0:
             raise ValueError(f"ipo_kl_tau={self.kl_tau} must be >= 0 (0 disables the penalty).")
+        if self.ratio_band is not None and not 0.0 < self.ratio_band < 1.0:
+            raise ValueError(
+                f"ipo_ratio_band={self.ratio_band} is not a ratio band: set it in (0, 1) (default 0.2, PPO-clip's "
+                "epsilon), or None for the probability-difference region alone."
+            )
 
 
 def _check_ipo_config(config: Any) -> None:

@@ -165,7 +165,10 @@ def reference_logps(model_dir, samples: list[RolloutSample]) -> torch.Tensor:
 # (a) IPO: the loss of one fixed batch, and a 2-step run
 # ----------------------------------------------------------------------------------------------------------------
 def test_ipo_loss_of_a_fixed_batch_equals_ipo_loss_on_the_same_logprobs(model_dir, tmp_path):
-    trainer, _ = build_trainer(model_dir, tmp_path, loss_type="ipo", ipo_threshold=0.3, ipo_ratio_cap=8.0)
+    # the probability region alone (ipo_ratio_band=None), checked by hand; the band is tested in tests/test_losses.py
+    trainer, _ = build_trainer(
+        model_dir, tmp_path, loss_type="ipo", ipo_threshold=0.3, ipo_ratio_cap=8.0, ipo_ratio_band=None
+    )
     samples = rollout_samples(4)
     batch = collated_batch(samples)
     logps = reference_logps(model_dir, samples)  # (M,) = 4 samples x 3 tokens
@@ -182,7 +185,9 @@ def test_ipo_loss_of_a_fixed_batch_equals_ipo_loss_on_the_same_logprobs(model_di
     ratio = (logps - old).exp()
     assert 0 < int((~keep).sum()) < 12 and bool((ratio < 8).all())
     by_hand = -(keep * advantages * ratio).sum() / 12
-    expected, metrics = ipo_loss(logps[None], old[None], advantages[None], torch.ones(1, 12, dtype=torch.bool))
+    expected, metrics = ipo_loss(
+        logps[None], old[None], advantages[None], torch.ones(1, 12, dtype=torch.bool), ratio_band=None
+    )
     torch.testing.assert_close(expected, by_hand)
     torch.testing.assert_close(loss.detach(), expected, rtol=1e-4, atol=1e-6)
     logged = {name: values[-1] for name, values in trainer._metrics["eval"].items()}

@@ -54,7 +54,7 @@ class ExtAsyncGRPOConfig(LossArguments, AsyncGRPOConfig):
     Configuration for [`ExtAsyncGRPOTrainer`]: every field of TRL's experimental
     `trl.experimental.async_grpo.AsyncGRPOConfig`, plus the loss registry's settings
     (`trl_ext.trainers.loss_arguments.LossArguments`: ``loss_type``, ``ipo_threshold``, ``ipo_ratio_cap``,
-    ``ipo_kl_tau``, ``loss_kwargs``, as in `ExtGRPOConfig`). ``loss_type`` is ``"dapo"`` (TRL's async loss) or a
+    ``ipo_ratio_band``, ``ipo_kl_tau``, ``loss_kwargs``, as in `ExtGRPOConfig`). ``loss_type`` is ``"dapo"`` (TRL's async loss) or a
     loss trl-ext computes (``"ipo"``, ...).
 
     TRL's ``dtype`` already defaults to ``"float32"``; ``bf16`` follows `ExtGRPOConfig`'s rule, so a CPU run needs

@@ -32,7 +32,7 @@ class ExtGRPOConfig(LossArguments, GRPOConfig):
     r"""
     Configuration for [`ExtGRPOTrainer`]: every field of `trl.GRPOConfig`, plus the loss registry's settings
     (`trl_ext.trainers.loss_arguments.LossArguments`: ``loss_type``, ``ipo_threshold``, ``ipo_ratio_cap``,
-    ``ipo_kl_tau``, ``loss_kwargs``), shared-prefix packing, the prompt cap and the colocated vLLM engine's dtype.
+    ``ipo_ratio_band``, ``ipo_kl_tau``, ``loss_kwargs``), shared-prefix packing, the prompt cap and the colocated vLLM engine's dtype.
     """
 
     prefix_sharing: str = documented(

@@ -33,15 +33,16 @@ class LossArguments:
     loss_type: str = documented(
         "dapo",
         "A loss of the registry `trl_ext.losses.LOSSES`: TRL's ('grpo', 'bnpo', 'dr_grpo', 'dapo', 'cispo', 'sapo', "
-        "'luspo', 'vespo'), trl-ext's 'ipo' (keep a token iff |p − p_old| <= ipo_threshold, cap the ratio at "
-        "ipo_ratio_cap, normalise by the number of loss tokens as 'dapo') or one registered with "
-        "`trl_ext.losses.register_loss`. The asynchronous trainer (ExtAsyncGRPOConfig) takes 'dapo' (TRL's own "
+        "'luspo', 'vespo'), trl-ext's 'ipo' (keep a token iff |p − p_old| <= ipo_threshold and its ratio is not "
+        "beyond 1 ± ipo_ratio_band in the direction of its advantage, cap the ratio at ipo_ratio_cap, normalise by "
+        "the number of loss tokens as 'dapo') or one registered with `trl_ext.losses.register_loss`. The asynchronous trainer (ExtAsyncGRPOConfig) takes 'dapo' (TRL's own "
         "async loss: PPO-clip normalised by the window's tokens) or a loss trl-ext computes ('ipo', or a registered "
         "one with a compute function).",
         section=LOSS_SECTION,
     )
     ipo_threshold: float = _ipo_setting("threshold")
     ipo_ratio_cap: float = _ipo_setting("ratio_cap")
+    ipo_ratio_band: float | None = _ipo_setting("ratio_band")
     ipo_kl_tau: float = _ipo_setting("kl_tau")
     loss_kwargs: dict | str | None = documented(
         None,
