@@ -434,3 +434,34 @@ def test_the_docs_describe_every_rule():
     assert documented == set(ALERTS)
     monitoring = (DOCS / "monitoring.md").read_text()
     assert set(re.findall(r"^### `([a-z_]+)`", monitoring, flags=re.MULTILINE)) == set(ALERTS)
+
+
+# Final-answer rates per generation batch of quickstart RL runs at lr 3e-3 (IPO's probability region alone died on
+# every seed; PPO-clip lived): the rule must fire on the dying runs, by the step they die at the latest, and not
+# on the live ones.
+DYING = {  # seed: (rates, first dead generation)
+    0: ([0.91, 0.34, 0.00, 0.03], 2),
+    1: ([0.88, 0.38, 0.47, 0.06], 3),
+    2: ([0.81, 0.19, 0.47, 0.25, 0.16, 0.00], 1),
+}
+LIVE = [[0.91, 0.88, 0.91, 0.69], [0.88, 0.59, 0.69, 0.66, 0.44, 0.59], [0.81, 0.59, 0.62, 0.59, 0.69, 0.56]]
+
+
+def test_answer_rate_collapse_fires_on_dying_runs_before_they_die_and_not_on_live_ones():
+    config = REWARD
+    for rates, dead in DYING.values():
+        findings = rules.answer_rate_collapse(rates, list(range(len(rates))), config).findings
+        assert findings and findings[0].step <= dead and findings[0].facts["peak"] == rates[0]
+    for rates in LIVE:
+        assert rules.answer_rate_collapse(rates, list(range(len(rates))), config).findings == []
+    off = RewardMonitorConfig(answer_drop=None)
+    assert rules.answer_rate_collapse(DYING[0][0], [0, 1, 2, 3], off).findings == []
+    low = [0.1, 0.02, 0.0]  # never reached answer_min_peak: a task the policy has not learnt to answer yet
+    assert rules.answer_rate_collapse(low, [0, 1, 2], config).findings == []
+    # memory carries the peak across calls (one log at a time, as the monitor feeds it)
+    memory = None
+    fired = []
+    for step, rate in enumerate(DYING[1][0]):
+        result = rules.answer_rate_collapse([rate], [step], config, memory)
+        memory, fired = result.memory, fired + [f.step for f in result.findings]
+    assert fired == [1, 3]

@@ -163,6 +163,20 @@ ALERTS: dict[str, AlertText] = {
         "completions with their rewards, filter the dataset by pass rate, raise num_generations or the "
         "temperature.",
     ),
+    "answer_rate_collapse": AlertText(
+        meaning="the RLM policy stops giving final answers: a rollout without one gets reward 0, and once none "
+        "answers, every group's rewards agree and nothing trains again",
+        check="rlm/final_answer_rate, the last turns of unanswered rollouts, the trust region's masked or clipped "
+        "share, the learning rate",
+        message="Answers disappearing: the final-answer rate fell to {value:.0%}, below {answer_drop:.0%} of its "
+        "peak {peak:.0%}, for {streak} logs. Unanswered rollouts get reward 0; when no rollout answers, every group's "
+        "rewards agree and the run trains nothing again (loss 0, grad norm 0). Likely causes: a learning rate too "
+        "high for the off-policy passes (num_iterations > 1, stale samples), a loss whose trust region lets the "
+        "answers of failed rollouts be pushed down without bound (loss_type='ipo' with ipo_ratio_band=None), or "
+        "a max_completion_length that cuts the answers off. What to do: lower the learning rate, keep "
+        "ipo_ratio_band (0.2) or use loss_type='dapo', add a KL term (beta), and restart from the last checkpoint "
+        "where the rate was still high.",
+    ),
     "judge_failure": AlertText(
         meaning="more than 20 % of rollouts got no judge verdict (judge credit only); the judge's share shrinks "
         "silently",

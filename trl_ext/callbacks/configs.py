@@ -243,9 +243,11 @@ class RewardMonitorConfig(_Config):
     """Settings of `RewardMonitor`: reward collapse after a rise, no learning signal, judge failures.
 
     Collapse: ``smoothing``, ``min_rise``, ``max_drop``, ``collapse_patience``, ``min_drop_sigmas``.
-    Signal: ``zero_std_max``, ``zero_std_patience``. Judge: ``judge_failure_max``, ``judge_patience``,
-    ``judge_injection_max``, ``judge_injection_patience``.
-    Wiring: ``reward_metric``, ``zero_std_metric``, ``judge_failure_metric``, ``judge_injection_metric``.
+    Signal: ``zero_std_max``, ``zero_std_patience``. Answers (RLM): ``answer_drop``, ``answer_min_peak``,
+    ``answer_patience``. Judge: ``judge_failure_max``, ``judge_patience``, ``judge_injection_max``,
+    ``judge_injection_patience``.
+    Wiring: ``reward_metric``, ``zero_std_metric``, ``answer_rate_metric``, ``judge_failure_metric``,
+    ``judge_injection_metric``.
     """
 
     smoothing: int = documented(5, "Logs in the moving average of the reward.")
@@ -267,6 +269,13 @@ class RewardMonitorConfig(_Config):
     zero_std_patience: int = documented(
         3, "Consecutive logs before reward_no_signal (logs that carry the metric: one per generation in TRL)."
     )
+    answer_drop: float | None = documented(
+        0.5,
+        "A final-answer rate (RLM trainers) below this share of its peak so far fires answer_rate_collapse; None "
+        "disables the rule.",
+    )
+    answer_min_peak: float = documented(0.2, "The peak final-answer rate must reach this before the rule can fire.")
+    answer_patience: int = documented(1, "Consecutive logs (one per generation batch) before answer_rate_collapse.")
     judge_failure_max: float | None = documented(
         0.2, "Judge failure ratio above this fires judge_failure; None disables the rule."
     )
@@ -282,6 +291,9 @@ class RewardMonitorConfig(_Config):
     reward_metric: str = documented("reward", "Logged key of the mean reward.")
     zero_std_metric: str = documented(
         "frac_reward_zero_std", "Logged key of the fraction of groups whose rewards all agree."
+    )
+    answer_rate_metric: str = documented(
+        "rlm/final_answer_rate", "Logged key of the share of root rollouts that gave a final answer (RLM trainers)."
     )
     judge_failure_metric: str = documented(
         "judge/failure_ratio", "Logged key of the judge's failure ratio (judge credit)."
@@ -300,12 +312,16 @@ class RewardMonitorConfig(_Config):
         self._float("min_drop_sigmas", 6.0, low=0.0)
         self._float("zero_std_max", 0.9, low=0.0, high=1.0, low_inclusive=False, allow_none=True)
         self._int("zero_std_patience", 1, 3)
+        self._float("answer_drop", 0.5, low=0.0, high=1.0, low_inclusive=False, high_inclusive=False, allow_none=True)
+        self._float("answer_min_peak", 0.2, low=0.0, high=1.0, low_inclusive=False)
+        self._int("answer_patience", 1, 1)
         self._float("judge_failure_max", 0.2, low=0.0, high=1.0, high_inclusive=False, allow_none=True)
         self._int("judge_patience", 1, 2)
         self._float("judge_injection_max", 0.0, low=0.0, allow_none=True)
         self._int("judge_injection_patience", 1, 1)
         self._key("reward_metric", "reward")
         self._key("zero_std_metric", "frac_reward_zero_std")
+        self._key("answer_rate_metric", "rlm/final_answer_rate")
         self._key("judge_failure_metric", "judge/failure_ratio")
         self._key("judge_injection_metric", "judge/injection_suspected")
 

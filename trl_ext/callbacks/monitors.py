@@ -29,6 +29,7 @@ from .configs import (
 )
 from .rules import (
     Finding,
+    answer_rate_collapse,
     clip_rate_drop,
     clip_rate_high,
     clip_rate_jump,
@@ -324,6 +325,9 @@ class RewardMonitor(MonitorCallback):
         - ``reward_no_signal``: ``frac_reward_zero_std`` >= ``zero_std_max`` for ``zero_std_patience`` logs: nearly
           every group has identical rewards, so the advantages are 0 (`reward_no_signal`). Not in a log where judge
           credit (``judge_lambda > 0``) marked spans: those give per-token advantages all the same.
+        - ``answer_rate_collapse``: ``rlm/final_answer_rate`` below ``answer_drop`` of its peak so far for
+          ``answer_patience`` logs (RLM trainers; idle elsewhere): the policy stops answering, the road to a dead run
+          where no group has a reward spread (`answer_rate_collapse`).
         - ``judge_failure``: ``judge/failure_ratio`` > ``judge_failure_max`` for ``judge_patience`` logs (judge credit
           runs only; `judge_failure`).
         - ``judge_injection``: ``judge/injection_suspected`` > ``judge_injection_max`` for ``judge_injection_patience``
@@ -339,11 +343,12 @@ class RewardMonitor(MonitorCallback):
         action, actions, start_step, rearm_after: see `MonitorCallback`.
     """
 
-    rules = ("reward_collapse", "reward_no_signal", "judge_failure", "judge_injection")
+    rules = ("reward_collapse", "reward_no_signal", "answer_rate_collapse", "judge_failure", "judge_injection")
     config_class = RewardMonitorConfig
     rule_metrics = (
         (reward_collapse, "reward_metric"),
         (reward_no_signal, "zero_std_metric"),
+        (answer_rate_collapse, "answer_rate_metric"),
         (judge_failure, "judge_failure_metric"),
         (judge_injection, "judge_injection_metric"),
     )

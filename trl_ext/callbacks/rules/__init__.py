@@ -25,7 +25,14 @@ collect the series, call these rules and act on the findings. This package impor
 
 from .clip_rate import clip_rate_drop, clip_rate_high, clip_rate_jump, clip_rate_low, clip_rate_stuck_zero
 from .entropy import entropy_baseline, entropy_collapse, kl_spike
-from .reward import NOISE_WINDOW, judge_failure, judge_injection, reward_collapse, reward_no_signal
+from .reward import (
+    NOISE_WINDOW,
+    answer_rate_collapse,
+    judge_failure,
+    judge_injection,
+    reward_collapse,
+    reward_no_signal,
+)
 from .series import Finding, Memory, RuleResult, Steps, Values, episode_starts, median, noise_sigma
 from .staleness import dropped_share, stale_rollouts, trainer_starved, wait_share
 
@@ -47,6 +54,7 @@ __all__ = [
     "episode_starts",
     "judge_failure",
     "judge_injection",
+    "answer_rate_collapse",
     "kl_spike",
     "median",
     "noise_sigma",

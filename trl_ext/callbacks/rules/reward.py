@@ -1,5 +1,5 @@
-"""RewardMonitor's rules (reward collapse, no signal, judge failures and suspected injections). ``values`` are
-logged values."""
+"""RewardMonitor's rules (reward collapse, no signal, answers disappearing, judge failures and suspected injections).
+``values`` are logged values."""
 
 from __future__ import annotations
 
@@ -74,6 +74,33 @@ def reward_no_signal(
         return RuleResult([], dict(memory or {}))
     threshold = config.zero_std_max
     return consecutive("reward_no_signal", values, steps, lambda x: x >= threshold, config.zero_std_patience, memory)
+
+
+def answer_rate_collapse(
+    values: Values, steps: Steps, config: RewardMonitorConfig, memory: Memory | None = None
+) -> RuleResult:
+    """The policy stops answering: its final-answer rate fell below a share of its best (RLM trainers).
+
+    ``values`` are ``rlm/final_answer_rate`` (one per generation batch). Fires at each log that ends a run of at least
+    ``config.answer_patience`` (1) logs whose value is below ``config.answer_drop`` (0.5) times the highest value so
+    far, once that peak is at least ``config.answer_min_peak`` (0.2); never when ``answer_drop`` is None. A rollout
+    without an answer gets reward 0, so when the rate reaches 0 every group's rewards agree and nothing trains again
+    (a dead policy; benchmarks/RESULTS.md, *IPO collapse*, says how early it fired there). Facts: ``streak``,
+    ``peak``.
+    """
+    memory = dict(memory or {})
+    peak = float(memory.get("peak", 0.0))
+    streak = int(memory.get("streak", 0))
+    findings = []
+    for step, value in zip(steps, values):
+        if config.answer_drop is None or not math.isfinite(value):
+            continue
+        fallen = peak >= config.answer_min_peak and value < config.answer_drop * peak
+        streak = streak + 1 if fallen else 0
+        if fallen and streak >= config.answer_patience:
+            findings.append(Finding("answer_rate_collapse", step, value, facts={"streak": streak, "peak": peak}))
+        peak = max(peak, value)
+    return RuleResult(findings, {"peak": peak, "streak": streak})
 
 
 def judge_failure(
