@@ -43,6 +43,17 @@ def cpu_config_kwargs(output_dir: str, **overrides: Any) -> dict[str, Any]:
     return kwargs
 
 
+def saved_tiny_model(directory: Path, seed: int = 0) -> str:
+    """Save the tiny model and tokenizer of ``seed`` (`trl_ext.testing`) into ``directory``; its path as a string,
+    as a trainer takes a model name."""
+    from trl_ext.testing import build_tiny_model_and_tokenizer
+
+    model, tokenizer = build_tiny_model_and_tokenizer(seed)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
 def process_alive(pid: int) -> bool:
     """True if `pid` exists and is not a zombie."""
     try:

@@ -19,7 +19,7 @@ from trl_ext.rlm.repl_resources import repl_parent_dir, traversable_by_others
 from trl_ext.rlm.sandbox import ENV_ALLOWLIST, processes_of_uid
 from trl_ext.rlm.sandbox import host as sandbox_host
 
-from ..utils import process_alive
+from ..utils import process_alive, saved_tiny_model
 
 AS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not AS_ROOT, reason="a private sandbox uid needs a root trainer")
@@ -676,13 +676,7 @@ def test_run_exposure_names_what_a_repl_can_reach_of_the_run(host, exposed, monk
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from trl_ext.testing import build_tiny_model_and_tokenizer
-
-    directory = tmp_path_factory.mktemp("tiny_rlm_exposure")
-    model, tokenizer = build_tiny_model_and_tokenizer(0)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return saved_tiny_model(tmp_path_factory.mktemp("tiny_rlm_exposure"))
 
 
 @pytest.mark.parametrize("host", ["no landlock", "landlock 7", "this host"])

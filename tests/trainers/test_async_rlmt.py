@@ -21,7 +21,7 @@ from trl_ext.rewards.rlmt import (
     RewardModelScorer,
 )
 from trl_ext.rlm.generators import Completion
-from trl_ext.testing import build_tiny_model_and_tokenizer, build_tiny_reward_model, build_tiny_tokenizer
+from trl_ext.testing import build_tiny_reward_model, build_tiny_tokenizer
 from trl_ext.trainers.async_rlm import group_advantages
 from trl_ext.trainers.async_rlmt import (
     AsyncRLMTConfig,
@@ -34,6 +34,7 @@ from trl_ext.trainers.async_rlmt import (
 from trl_ext.trainers.async_rlmt.config import RLMT_FIELDS
 from trl_ext.trainers.rlmt_config import RLMTConfig
 
+from ..utils import saved_tiny_model
 from .test_ext_async_grpo import NoWeightSync
 
 QUESTIONS = ["What is 2 + 3?", "Say hello.", "Name a colour.", "Count to five."]
@@ -72,11 +73,7 @@ class CyclingGenerator:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tiny_rlmt")
-    model, tokenizer = build_tiny_model_and_tokenizer(0)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return str(directory)
+    return saved_tiny_model(tmp_path_factory.mktemp("tiny_rlmt"))
 
 
 @pytest.fixture(scope="module")

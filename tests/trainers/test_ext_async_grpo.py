@@ -22,9 +22,10 @@ from trl.experimental.async_grpo.packing import TreeRow
 from trl_ext import ClipRateMonitor, EntropyMonitor, ExtAsyncGRPOConfig, ExtAsyncGRPOTrainer
 from trl_ext.fields import documented
 from trl_ext.losses import LOSSES, LossSpec, ipo_loss, register_loss
-from trl_ext.testing import build_tiny_model_and_tokenizer
 from trl_ext.trainers import ext_grpo_config
 from trl_ext.trainers.async_seam import install_cpu_support
+
+from ..utils import saved_tiny_model
 
 PROMPTS = ([5, 6, 7, 8], [9, 10, 11])  # two prompts, two completions each per micro-batch
 
@@ -93,11 +94,7 @@ def rollout_samples(count: int, seed: int = 0) -> list[RolloutSample]:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tiny")
-    model, tokenizer = build_tiny_model_and_tokenizer(0)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return str(directory)
+    return saved_tiny_model(tmp_path_factory.mktemp("tiny"))
 
 
 def config_kwargs(output_dir, **overrides):
