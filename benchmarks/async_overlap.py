@@ -9,9 +9,10 @@ micro-batches of one group each; the async trainer counts in samples, so its mic
 
 Both train (a grad norm of about 1e-3 on the tiny policy): a prompt's 4 rollouts are played by 4 differently seeded
 teachers (`teacher_generator`), so their tokens and rewards differ and the advantages are not 0; and the IPO loss runs
-with ``ipo_threshold=1.0``, since the scripted sampler reports log-prob 0 (p_old = 1) for every token: any smaller
-trust region would mask every token (|p - p_old| ~ 1 for the tiny policy). The ratio p / p_old is then about 0.003,
-which keeps the gradients small. Before both changes every advantage was 0 and every token masked (grad norm 0:
+with ``ipo_threshold=1.0`` and no ratio band (``ipo_ratio_band=None``), since the scripted sampler reports log-prob 0
+(p_old = 1) for every token: any smaller trust region would mask every token (|p - p_old| ~ 1 for the tiny policy),
+and the band every token of a negative advantage. The ratio p / p_old is then about 0.003, which keeps the gradients
+small. Before both changes every advantage was 0 and every token masked (grad norm 0:
 nothing trained), and a group's 4 identical rollouts shared their prefix tree in the async trainer's packing, so
 numbers from before are not comparable. The table reports each trainer's median grad norm and IPO masked ratio, so a
 run that trains nothing shows it.
@@ -139,6 +140,7 @@ def common_config(output_dir: str, steps: int) -> dict[str, Any]:
         learning_rate=1e-4,
         loss_type="ipo",
         ipo_threshold=1.0,  # the scripted sampler's p_old is 1: a smaller threshold masks every token (no gradient)
+        ipo_ratio_band=None,  # ... and every ratio is ~0.003: the band would stop every negative-advantage token
         max_steps=steps,
         num_generations=NUM_GENERATIONS,
         gradient_accumulation_steps=MICRO_BATCHES,
@@ -381,8 +383,8 @@ def body(table: str, summary: str, args: argparse.Namespace) -> str:
         "process, overlapping training); training = the rest of the step (sync) or TRL's "
         "`perf/fwd_bwd_s + perf/optimizer_s` (async). The weight transfer is a no-op (no vLLM). Both train: "
         "4 differently seeded teachers play a prompt's 4 rollouts (their tokens and rewards differ: advantages "
-        "not 0), and IPO runs with `ipo_threshold=1.0` (the scripted sampler reports p_old = 1, so a smaller trust "
-        "region would mask every token); grad norm and IPO masked ratio are medians over all steps. Ratios are of "
+        "not 0), and IPO runs with `ipo_threshold=1.0` and no ratio band (the scripted sampler reports p_old = 1, "
+        "so a smaller trust region would mask every token, and the band every token of a negative advantage); grad norm and IPO masked ratio are medians over all steps. Ratios are of "
         "medians of separate series, so a value a little under 1 is noise. Stale samples: dropped by TRL's "
         "`max_staleness`; the worker's staleness gate starts a run only when none of its samples can go stale "
         "(one run = one step's trees, `queue_maxsize` = one step's samples), so at `max_staleness` 1 it waits for "

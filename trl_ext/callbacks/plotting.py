@@ -42,6 +42,7 @@ _RULE_MARKER = {
     "kl_spike": ("kl", ("kl",)),
     "reward_collapse": ("reward", ("reward",)),
     "reward_no_signal": ("reward", ("reward",)),
+    "answer_rate_collapse": ("reward", ("reward",)),  # the answers' loss shows in the reward
     "judge_failure": ("judge", ("judge/failure_ratio",)),
     "judge_injection": (None, ()),  # a count, not plotted
     "stale_rollouts": ("staleness", (_STALENESS.staleness_metric,)),
