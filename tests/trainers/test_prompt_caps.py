@@ -97,7 +97,7 @@ def test_stepwise_turn_prompts_stop_at_the_model_positions_and_are_counted(tmp_p
     too_long = [node for node in nodes if node.end_reason == "prompt_too_long"]
     assert too_long
     assert all(len(turn.prompt_ids) <= 1300 for node in nodes for turn in node.turns)
-    assert trainer._metrics["train"]["rlm/prompt_too_long"] == [len(too_long)]
+    assert trainer._metrics["train"]["rlm/prompt_too_long_total"] == [len(too_long)]
 
 
 def test_stepwise_config_names_its_own_prompt_cap(tmp_path):

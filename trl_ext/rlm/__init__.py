@@ -23,7 +23,7 @@ For a trainer: ``trees = RLMEngine(generator, tokenizer, config).run(tasks)``, t
 """
 
 from ..advantages import subtree_weights
-from .engine import EngineStats, RLMEngine, RLMTask
+from .engine import RLMEngine, RLMTask
 from .generators import (
     CanonicalOrderGenerator,
     Completion,
@@ -39,6 +39,7 @@ from .repl_protocol import QueryRefused, QueryRequest, ReplResult
 from .sandbox import SandboxError, SandboxLimits
 from .scaffold import RLMScaffoldConfig
 from .scheduler import GeneratorError, critical_path_generations
+from .stats import EngineStats
 from .tree import LLMCall, RolloutNode, RolloutTree, Turn, TurnSample, canonical_rollout_order
 
 __all__ = [

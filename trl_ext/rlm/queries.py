@@ -18,15 +18,33 @@ import json
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .repl_protocol import QueryRefused, QueryRequest
 from .scaffold import RLMScaffoldConfig, describe_context
-from .scheduler import Join
+from .scheduler import Join, WaveScheduler
+from .stats import EngineStats
 from .tree import LLMCall, RolloutNode
 
-if TYPE_CHECKING:
-    from .engine import _Run
+
+class QueryRun(Protocol):
+    """What answering a query call needs of the engine's run (`trl_ext.rlm.engine`'s run state has it)."""
+
+    scheduler: WaveScheduler
+    stats: EngineStats
+    trees: list[list[RolloutNode]]  # nodes of each root, in creation order
+    tree_of: dict[int, int]  # id(node) -> tree index
+    path_of: dict[int, tuple[tuple[int, int, int], ...]]  # id(node) -> where it sits in its tree
+
+    def next_request_index(self, node: RolloutNode, turn_index: int) -> int: ...
+
+    def tree_query_use(self, node: RolloutNode) -> CellQueryUse: ...
+
+    def request_key(self, node: RolloutNode, turn_index: int, request_index: int = -1, offset: int = 0) -> tuple: ...
+
+    def new_node(self, tree: int, **fields: Any) -> RolloutNode: ...
+
+    def spawn(self, coroutine: Any) -> Any: ...
 
 
 @dataclass
@@ -132,7 +150,7 @@ class QueryAnswering:
     _run_node: Callable[..., Coroutine[Any, Any, None]]
 
     async def _serve_query(
-        self, run: _Run, node: RolloutNode, turn_index: int, used: CellQueryUse, request: QueryRequest
+        self, run: QueryRun, node: RolloutNode, turn_index: int, used: CellQueryUse, request: QueryRequest
     ) -> list[str]:
         """Answer one ``llm_query*``/``rlm_query*`` call of `node`'s code (the REPL waits meanwhile), within the
         cell's query budget: `used` is what the cell's earlier calls used, and grows by what this one uses."""
@@ -143,7 +161,7 @@ class QueryAnswering:
             used.time_s += time.monotonic() - started
 
     async def _answer_query(
-        self, run: _Run, node: RolloutNode, turn_index: int, used: CellQueryUse, request: QueryRequest
+        self, run: QueryRun, node: RolloutNode, turn_index: int, used: CellQueryUse, request: QueryRequest
     ) -> list[str]:
         config, stats = self.config, run.stats
         turn = node.turns[turn_index]
@@ -230,7 +248,7 @@ class QueryAnswering:
 
     def _spawn_child(
         self,
-        run: _Run,
+        run: QueryRun,
         parent: RolloutNode,
         turn_index: int,
         request_index: int,

@@ -14,13 +14,11 @@ import asyncio
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .generators import Completion, Generator
-
-if TYPE_CHECKING:
-    from .engine import EngineStats
-    from .tree import RolloutNode, RolloutTree
+from .stats import EngineStats
+from .tree import RolloutNode, RolloutTree
 
 __all__ = ["GeneratorError", "Join", "WaveScheduler", "critical_path_generations"]
 

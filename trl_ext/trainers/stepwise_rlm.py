@@ -41,6 +41,7 @@ from ..rlm.generators import (
     VLLMColocateGenerator,
     VLLMServerGenerator,
 )
+from ..rlm.metrics import rollout_metrics
 from ..rlm.sandbox import isolation_report, resolve_isolation
 from ..text import last_user_text
 from .ext_grpo import ExtGRPOTrainer, written_after
@@ -72,13 +73,8 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
     `trl_ext.rlm.Generator`; by default the trainer's model is used through transformers, or TRL's vLLM
     (colocate or server) when ``use_vllm=True``.
 
-    Metrics: ``rlm/turns_mean`` (turns per node), ``rlm/children_mean`` (children per root),
-    ``rlm/child_answer_rate`` (the share of children that gave a final answer; steps without children log none),
-    ``rlm/depth_max``,
-    ``rlm/rows_per_root``, ``rlm/final_answer_rate``, ``repl/error_rate``, ``repl/timeout_rate``, ``repl/crash_rate``,
-    ``repl/truncated_answers`` (final answers cut to ``repl_max_answer_chars``),
-    ``rlm/prompt_too_long`` (nodes ended because their next turn's prompt was longer than ``max_prompt_tokens``),
-    ``rlm/refused_queries`` (query calls refused: too many prompts or a prompt too long), ``rlm/padding_rows``.
+    Metrics: the RLM metrics of `trl_ext.rlm.metrics.rollout_metrics`, the asynchronous trainer's too (turns,
+    children, answers, REPL failures, ``*_total`` counters; docs/stepwise_rlm.md), and ``rlm/padding_rows``.
 
     Prompt length: ``max_prompt_tokens`` caps every turn's prompt (`None`: the model's positions minus
     ``max_completion_length``); ``max_prompt_length`` (TRL's prompt cap) does not apply, the engine builds the
@@ -216,7 +212,7 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
         device = batch["completion_ids"].device
         pad_id = self.processing_class.pad_token_id
         rows = self._turn_rows(trees)
-        self._log_rlm_metrics(trees, scope.stats, len(rows))
+        self.log_rollout_metrics(rollout_metrics(trees, scope.stats, len(rows)))
 
         prompt_ids = pad([torch.tensor(r["prompt_ids"]) for r in rows], padding_value=pad_id, padding_side="left")
         completion_ids = pad([torch.tensor(r["action_ids"]) for r in rows], padding_value=pad_id)
@@ -319,57 +315,6 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
                 clip_min=self.vllm_importance_sampling_clip_min,
                 clip_max=self.vllm_importance_sampling_clip_max,
             )
-
-    def _log_rlm_metrics(self, trees: list[RolloutTree], stats: EngineStats, num_rows: int) -> None:
-        nodes = sum(len(tree.nodes) for tree in trees)
-        sums = self.global_sums(
-            *[
-                len(trees),
-                nodes,
-                sum(len(node.turns) for tree in trees for node in tree.nodes),
-                nodes - len(trees),
-                sum(node.final_answer is not None for tree in trees for node in tree.nodes[1:]),
-                sum(tree.final_answer is not None for tree in trees),
-                num_rows,
-                stats.repl_cells,
-                stats.repl_errors,
-                stats.repl_timeouts,
-                stats.repl_crashes,
-                stats.truncated_answers,
-                stats.prompt_too_long,
-                stats.refused_queries,
-            ]
-        )
-        (
-            roots,
-            nodes,
-            turns,
-            children,
-            children_answered,
-            answered,
-            rows,
-            cells,
-            errors,
-            timeouts,
-            crashes,
-            truncated,
-            too_long,
-            refused,
-        ) = sums.tolist()
-        depth = max(node.depth for tree in trees for node in tree.nodes)
-        self.log_metric("rlm/turns_mean", turns / nodes)
-        self.log_metric("rlm/children_mean", children / roots)
-        if children:  # logged on the steps that started children (no value rather than a made-up one)
-            self.log_metric("rlm/child_answer_rate", children_answered / children)
-        self.log_metric("rlm/depth_max", self.global_max(depth).item())
-        self.log_metric("rlm/rows_per_root", rows / roots)
-        self.log_metric("rlm/final_answer_rate", answered / roots)
-        self.log_metric("repl/error_rate", errors / cells if cells else 0.0)
-        self.log_metric("repl/timeout_rate", timeouts / cells if cells else 0.0)
-        self.log_metric("repl/crash_rate", crashes / cells if cells else 0.0)
-        self.log_metric("repl/truncated_answers", truncated)
-        self.log_metric("rlm/prompt_too_long", too_long)
-        self.log_metric("rlm/refused_queries", refused)
 
 
 _TREE_FILE = re.compile(r"(?P<mode>train|eval)-step(?P<step>\d+)-rank\d+\.jsonl")

@@ -24,7 +24,7 @@ class StepwiseRLMConfig(ScaffoldArguments, SandboxArguments, ExtGRPOConfig):
     ``max_children``, ``max_prompt_tokens``, ...), prompt templates as ``rlm_<template>`` (None keeps the built-in
     one) and ``rlm_helpers``. ``max_prompt_tokens=None`` caps every turn's prompt at the model's positions minus
     ``max_completion_length`` (a node whose prompt outgrows it ends with "prompt_too_long", counted in
-    ``rlm/prompt_too_long``); TRL's ``max_prompt_length`` does not apply. The REPL sandbox (docs/security.md) is
+    ``rlm/prompt_too_long_total``); TRL's ``max_prompt_length`` does not apply. The REPL sandbox (docs/security.md) is
     every field of `trl_ext.rlm.SandboxLimits` as ``repl_<name>``; the default isolation is the strongest the host
     allows (``"auto"``), ``repl_isolation="strict"`` refuses to start without Linux namespaces.
     """

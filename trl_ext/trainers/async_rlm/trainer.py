@@ -38,10 +38,9 @@ class AsyncStepwiseRLMTrainer(AsyncMethodTrainer):
     ``rollout_worker=`` to replace the worker. With ``save_rollout_trees`` every run's trees are written as JSON
     lines under ``<output_dir>/rlm_trees/`` (`RLMRolloutWorker`).
 
-    Metrics, besides TRL's and the loss's: ``rlm/turns_mean``, ``rlm/children_mean``, ``rlm/final_answer_rate``,
-    ``rlm/rows_per_root``, ``rlm/depth_max``, ``repl/error_rate``, ``repl/timeout_rate``, ``repl/crash_rate``,
-    ``rlm/prompt_too_long_total``, ``rlm/refused_queries_total``, ``rlm/worker_errors_total`` (failed rollout runs),
-    ``reward``, ``rewards/<function>``.
+    Metrics, besides TRL's and the loss's: the RLM metrics of `trl_ext.rlm.metrics.rollout_metrics`, the same names
+    and values as the synchronous trainer's (docs/stepwise_rlm.md), ``rlm/worker_errors_total`` (failed rollout
+    runs), ``reward``, ``rewards/<function>``.
     """
 
     model_card = METHODS["stepwise-rlm"]

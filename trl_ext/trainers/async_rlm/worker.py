@@ -38,6 +38,7 @@ from typing import Any
 from ...jsonl import append_jsonl
 from ...rlm import RLMEngine, RLMScaffoldConfig, RLMTask, RolloutTree
 from ...rlm.generators import CanonicalOrderGenerator, Completion, Generator
+from ...rlm.metrics import rollout_metrics
 from ...text import last_user_text
 from ..async_worker import ThreadedRolloutWorker, as_completions, group_metrics, reward_table
 from .samples import group_advantages, tree_samples
@@ -229,23 +230,10 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
             logger.warning("Rollout trees of run %d not saved to %s (training goes on): %s", run, path, error)
 
     def _push_run_metrics(self, trees: list[RolloutTree], stats: Any, num_samples: int) -> None:
-        roots = len(trees)
-        nodes = sum(len(tree.nodes) for tree in trees)
-        metrics: dict[str, Any] = {
-            "rlm/turns_mean": (float(sum(len(n.turns) for t in trees for n in t.nodes)), float(nodes)),
-            "rlm/children_mean": (float(nodes - roots), float(roots)),
-            "rlm/final_answer_rate": (float(sum(t.final_answer is not None for t in trees)), float(roots)),
-            "rlm/rows_per_root": (float(num_samples), float(roots)),
-            "rlm/depth_max": float(max(node.depth for tree in trees for node in tree.nodes)),
-            "rlm/prompt_too_long_total": float(stats.prompt_too_long),
-            "rlm/refused_queries_total": float(stats.refused_queries),
-        }
-        if stats.repl_cells:
-            cells = float(stats.repl_cells)
-            metrics["repl/error_rate"] = (float(stats.repl_errors), cells)
-            metrics["repl/timeout_rate"] = (float(stats.repl_timeouts), cells)
-            metrics["repl/crash_rate"] = (float(stats.repl_crashes), cells)
-        self._push_metrics(metrics)
+        """The run's RLM metrics (`trl_ext.rlm.metrics`, the synchronous trainer's), rates without a denominator
+        left out: TRL reduces the rest over the log window."""
+        metrics = rollout_metrics(trees, stats, num_samples)
+        self._push_metrics({k: v for k, v in metrics.items() if not (isinstance(v, tuple) and not v[1])})
 
 
 def _checked_weights(reward_weights: Sequence[float] | None, names: Sequence[str]) -> list[float]:

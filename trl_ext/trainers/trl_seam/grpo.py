@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -129,6 +130,39 @@ class TRLSeam(GRPOTrainer):
         """``(len(values),)`` sums of each value over all ranks, in one collective (every rank must call it)."""
         local = torch.stack([torch.as_tensor(value).detach().to(self.accelerator.device, dtype) for value in values])
         return self.accelerator.reduce(local, reduction="sum")
+
+    def log_rollout_metrics(self, metrics: Mapping[str, float | tuple[float, float]]) -> None:
+        """Log a method's metrics of this rank's rollouts, reduced over all ranks as TRL's asynchronous trainer reduces
+        a log window (`trl_ext.rlm.metrics`): a ``(numerator, denominator)`` pair as Σ numerators / Σ denominators
+        (nothing logged when that is 0/0), a name with the word ``total`` summed, one with ``max`` the largest. Every
+        rank must call it with the same names."""
+        pairs, totals, maxima = [], [], []
+        for name, value in metrics.items():
+            words = name.rsplit("/", 1)[-1].split("_")
+            if isinstance(value, tuple):
+                pairs.append(name)
+            elif "total" in words:
+                totals.append(name)
+            elif "max" in words:
+                maxima.append(name)
+            else:
+                raise ValueError(
+                    f"metric {name!r} is neither a (numerator, denominator) pair nor a counter (the word 'total' in "
+                    "its name) nor an extremum ('max'): give a rate as a pair so ranks are reduced as TRL does."
+                )
+        flat = [part for name in pairs for part in metrics[name]] + [metrics[name] for name in totals]
+        sums = self.global_sums(*flat).tolist() if flat else []
+        for i, name in enumerate(pairs):
+            numerator, denominator = sums[2 * i], sums[2 * i + 1]
+            if denominator:
+                self.log_metric(name, numerator / denominator)
+        for name, total in zip(totals, sums[2 * len(pairs) :], strict=True):
+            self.log_metric(name, total)
+        if maxima:
+            for name, largest in zip(
+                maxima, self.global_max(*(metrics[name] for name in maxima)).tolist(), strict=True
+            ):
+                self.log_metric(name, largest)
 
     def global_max(self, *values: float | torch.Tensor) -> torch.Tensor:
         """``(len(values),)`` maxima of each value over all ranks, in one collective (every rank must call it)."""
