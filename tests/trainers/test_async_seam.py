@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from pathlib import Path
 from types import SimpleNamespace
@@ -164,6 +165,24 @@ def test_check_trl_async_compares_the_module_functions_it_replaces(monkeypatch):
     with pytest.raises(
         ImportError, match=r"get_peak_flops_per_device\('device',\) \(expected \('accelerator', 'dtype'\)\)"
     ):
+        check_trl_async()
+
+
+def test_check_trl_async_names_a_sample_field_trl_ext_fills_and_trl_lost(monkeypatch):
+    @dataclasses.dataclass
+    class RolloutSample:  # a TRL whose sample record renamed ``metrics``
+        prompt: str
+        completion: str
+        input_ids: list
+        completion_mask: list
+        old_log_probs: list
+        advantage: float
+        model_version: int
+        group_id: int
+        extras: dict
+
+    monkeypatch.setattr(async_check, "RolloutSample", RolloutSample)
+    with pytest.raises(ImportError, match=rf"RolloutSample has no field metrics.*{FIX}"):
         check_trl_async()
 
 

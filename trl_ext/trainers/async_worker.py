@@ -23,10 +23,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
 from ..rlm.generators import SamplingSettings
-from .async_seam import served_policy_names
+from .async_seam import RolloutSample, served_policy_names
 
 logger = logging.getLogger(__name__)
 

@@ -14,10 +14,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
 from ...judge.credit import SpanLike, cap_credit, span_credit
-from ..async_seam import credited_sample_metrics
+from ..async_seam import RolloutSample, credited_sample_metrics
 from ..async_worker import rollout_sample
 
 __all__ = ["judged_sample", "rollout_credit"]

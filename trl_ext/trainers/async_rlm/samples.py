@@ -15,10 +15,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
 from ...rlm import RolloutTree
-from ..async_seam import weighted_sample_metrics
+from ..async_seam import RolloutSample, weighted_sample_metrics
 from ..async_worker import rollout_sample
 
 __all__ = ["group_advantages", "tree_samples"]

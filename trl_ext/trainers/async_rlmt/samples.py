@@ -11,10 +11,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
-
 from ...rewards.rlmt import stop_token_cut
 from ..async_rlm.samples import group_advantages
+from ..async_seam import RolloutSample
 from ..async_worker import rollout_sample
 
 __all__ = ["completion_sample", "cut_at_stop", "scored_advantages"]

@@ -11,6 +11,7 @@ trl-ext builds on ``AsyncGRPOTrainer`` through its extension points where they f
 | ``compute_loss``'s forward | `AsyncSeam.tree_forward` runs it as TRL does (padding-free row, tree kwargs, fused LM head), so a trl-ext loss gets the same log-probs |
 | ``_step_*`` / ``_last_forward_time_s`` (per-step accounting) | `AsyncSeam.record_micro_batch` adds a micro-batch whose loss trl-ext computed, as TRL's ``compute_loss`` does |
 | ``_metrics`` | `AsyncSeam.log_metric` |
+| ``async_rollout_worker.RolloutSample`` (not exported by ``trl.experimental.async_grpo``) | the sample record every trl-ext rollout worker builds (`trl_ext.trainers.async_worker.rollout_sample`); imported here once, the fields they fill checked at import (`ROLLOUT_SAMPLE_FIELDS`) |
 | ``_lora_sync``, ``_lora_name`` | `served_policy_names`: the model name a rollout worker of trl-ext's requests (``trl-policy-v{N}``, or the base model) |
 | ``AsyncRolloutWorker.check_health`` / ``stop``, its ``_process`` | a child process that died is named (exit code, signal) and reaped instead of reported as hung and waited for for ever (`guard_rollout_worker`) |
 | ``_save_checkpoint``, ``_inner_training_loop`` (``rollout_state.json``), ``_trained_groups`` | a trl-ext worker's policy version counter is saved and restored, as TRL does for its own worker, so a resumed run does not republish adapter names a running server holds; and its dataset position (after the last run whose groups TRL trained), so a resumed run does not start the prompts over |
@@ -43,6 +44,7 @@ from .check import (
     KERNEL_KEYWORDS,
     LOSS_WEIGHT_INTERNALS,
     TOKEN_CREDIT_INTERNALS,
+    RolloutSample,
     check_trl_async,
     collated_batch_keys,
 )
@@ -78,6 +80,7 @@ __all__ = [
     "TOKEN_CREDIT_KEY",
     "AsyncSeam",
     "LossWeightCollator",
+    "RolloutSample",
     "TokenCreditCollator",
     "TreeForward",
     "attention_allowed",

@@ -14,7 +14,7 @@ import textwrap
 import torch
 import trl
 from trl.experimental.async_grpo import AsyncGRPOTrainer, async_grpo_trainer, packing
-from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, RolloutSample
 
 __all__ = [
     "ASYNC_ATTRIBUTES",
@@ -22,7 +22,9 @@ __all__ = [
     "ASYNC_SEAM",
     "ROLLOUT_WORKER_ATTRIBUTES",
     "ROLLOUT_WORKER_SEAM",
+    "ROLLOUT_SAMPLE_FIELDS",
     "BATCH_KEYS",
+    "RolloutSample",
     "FORWARD_KEYS",
     "KERNEL_KEYWORDS",
     "LOSS_WEIGHT_INTERNALS",
@@ -45,6 +47,11 @@ ROLLOUT_WORKER_SEAM: dict[str, tuple[str, ...]] = {
     "stop": ("self",),
 }
 ROLLOUT_WORKER_ATTRIBUTES: tuple[str, ...] = ("_process", "_heartbeat_value", "_failed_event")
+# The fields trl-ext's rollout workers fill in `RolloutSample` (`trl_ext.trainers.async_worker.rollout_sample`).
+ROLLOUT_SAMPLE_FIELDS: tuple[str, ...] = (
+    "prompt", "completion", "input_ids", "completion_mask", "old_log_probs", "advantage", "model_version", "group_id",
+    "metrics",
+)  # fmt: skip
 # The leading parameters of AsyncGRPOTrainer.__init__ the seam passes on by position.
 INIT_PARAMETERS: tuple[str, ...] = ("self", "model", "reward_funcs", "args")
 
@@ -153,6 +160,8 @@ def check_trl_async() -> None:
         problems += [
             f"AsyncRolloutWorker has no attribute {name}" for name in ROLLOUT_WORKER_ATTRIBUTES if name not in stored
         ]
+    sample_fields = set(inspect.signature(RolloutSample).parameters)
+    problems += [f"RolloutSample has no field {name}" for name in ROLLOUT_SAMPLE_FIELDS if name not in sample_fields]
     init = tuple(inspect.signature(AsyncGRPOTrainer.__init__).parameters)[: len(INIT_PARAMETERS)]
     if init != INIT_PARAMETERS:
         problems.append(f"AsyncGRPOTrainer.__init__{init}... (expected {INIT_PARAMETERS}...)")
