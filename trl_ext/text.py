@@ -12,6 +12,8 @@ blocks, and gluing them would run the last word of one into the first word of th
 `json_candidates` finds every JSON value a text holds (alone, in a code fence, with prose around it, nested in
 another): what the judges search the policy's text with for forged verdicts. `top_level_json_values` finds only the
 values a reply itself wrote, never the JSON quoted inside their strings: what the judges read their verdicts from.
+`find_final_answer` finds an RLM action's ``FINAL(...)``/``FINAL_VAR(...)`` line (the scaffold and the rewards
+read answers the same way). Pure: this module imports nothing of trl-ext.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 Message = Mapping[str, Any]
 Prompt = str | Sequence[Message]
@@ -103,16 +106,62 @@ def last_user_text(prompt: Prompt) -> str:
     )
 
 
+_FENCE = re.compile(r"^[ \t]*```")
+_FINAL_VAR_LINE = re.compile(r"^[ \t]*FINAL_VAR\((.*)\)[ \t]*$")
+_FINAL_START = re.compile(r"^[ \t]*FINAL\(")
+
+
+@dataclass(frozen=True)
+class FinalAnswer:
+    """A ``FINAL(answer)`` or ``FINAL_VAR(name)`` line found in an action."""
+
+    kind: Literal["FINAL", "FINAL_VAR"]
+    value: str  # the answer text for FINAL, the variable name for FINAL_VAR
+
+
+def find_final_answer(action: str) -> FinalAnswer | None:
+    """The first ``FINAL(...)``/``FINAL_VAR(...)`` line of `action` outside code fences, or None.
+
+    ``FINAL(`` must start a line (after indentation); its answer runs to the matching closing parenthesis and may
+    span lines. ``FINAL_VAR(name)`` must fill its line; quotes around the name are dropped. A ``FINAL(`` whose
+    parenthesis never closes is ignored (the completion was cut).
+    """
+    lines = action.split("\n")
+    in_fence = False
+    outside: list[str] = []  # lines outside fences; fenced lines blanked so indices stay aligned
+    for line in lines:
+        if _FENCE.match(line):
+            in_fence = not in_fence
+            outside.append("")
+            continue
+        outside.append("" if in_fence else line)
+    for index, line in enumerate(outside):
+        match = _FINAL_VAR_LINE.match(line)
+        if match:
+            return FinalAnswer("FINAL_VAR", match.group(1).strip().strip("'\"").strip())
+        start = _FINAL_START.match(line)
+        if start:
+            rest = "\n".join([line[start.end() :], *outside[index + 1 :]])
+            depth = 1
+            for position, char in enumerate(rest):
+                if char == "(":
+                    depth += 1
+                elif char == ")":
+                    depth -= 1
+                    if depth == 0:
+                        return FinalAnswer("FINAL", rest[:position].strip())
+            return None
+    return None
+
+
 def final_answer_text(text: str) -> str:
     """The answer of a ``FINAL(...)`` line when the text has one, else the text stripped of outer whitespace.
 
-    The line is found as the RLM scaffold finds it (`trl_ext.rlm.scaffold.find_final_answer`: the first
-    ``FINAL(`` starting a line outside code fences, up to its matching parenthesis), so the reward reads the answer
+    The line is found as the RLM scaffold finds it (`find_final_answer`: the first ``FINAL(`` starting a line
+    outside code fences, up to its matching parenthesis), so the reward reads the answer
     the rollout gave. ``FINAL_VAR(name)`` names a REPL variable whose value is not in the text: the text is returned
     unchanged; a reward that must see that value needs the rollout's recorded answer (pass it in a column).
     """
-    from .rlm.scaffold import find_final_answer
-
     final = find_final_answer(text)
     if final is not None and final.kind == "FINAL":
         return final.value

@@ -19,9 +19,10 @@ import re
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Any
 
 from ..fields import documented, mirror_field
+from ..text import FinalAnswer, find_final_answer
 from . import prompts
 from .repl_protocol import ReplResult
 from .sandbox import SandboxLimits
@@ -320,9 +321,6 @@ def _check_int(name: str, value: Any, minimum: int) -> None:
 
 # ------------------------------------------------------------------------------------------------ parsing
 _CODE_BLOCK = re.compile(r"^[ \t]*```repl[ \t]*\n(.*?)^[ \t]*```[ \t]*$", re.MULTILINE | re.DOTALL)
-_FENCE = re.compile(r"^[ \t]*```")
-_FINAL_VAR_LINE = re.compile(r"^[ \t]*FINAL_VAR\((.*)\)[ \t]*$")
-_FINAL_START = re.compile(r"^[ \t]*FINAL\(")
 
 
 def find_code_block(action: str) -> str | None:
@@ -334,49 +332,6 @@ def find_code_block(action: str) -> str | None:
     if not blocks:
         return None
     return textwrap.dedent(blocks[-1]).rstrip("\n")
-
-
-@dataclass(frozen=True)
-class FinalAnswer:
-    """A ``FINAL(answer)`` or ``FINAL_VAR(name)`` line found in an action."""
-
-    kind: Literal["FINAL", "FINAL_VAR"]
-    value: str  # the answer text for FINAL, the variable name for FINAL_VAR
-
-
-def find_final_answer(action: str) -> FinalAnswer | None:
-    """The first ``FINAL(...)``/``FINAL_VAR(...)`` line of `action` outside code fences, or None.
-
-    ``FINAL(`` must start a line (after indentation); its answer runs to the matching closing parenthesis and may
-    span lines. ``FINAL_VAR(name)`` must fill its line; quotes around the name are dropped. A ``FINAL(`` whose
-    parenthesis never closes is ignored (the completion was cut).
-    """
-    lines = action.split("\n")
-    in_fence = False
-    outside: list[str] = []  # lines outside fences; fenced lines blanked so indices stay aligned
-    for line in lines:
-        if _FENCE.match(line):
-            in_fence = not in_fence
-            outside.append("")
-            continue
-        outside.append("" if in_fence else line)
-    for index, line in enumerate(outside):
-        match = _FINAL_VAR_LINE.match(line)
-        if match:
-            return FinalAnswer("FINAL_VAR", match.group(1).strip().strip("'\"").strip())
-        start = _FINAL_START.match(line)
-        if start:
-            rest = "\n".join([line[start.end() :], *outside[index + 1 :]])
-            depth = 1
-            for position, char in enumerate(rest):
-                if char == "(":
-                    depth += 1
-                elif char == ")":
-                    depth -= 1
-                    if depth == 0:
-                        return FinalAnswer("FINAL", rest[:position].strip())
-            return None
-    return None
 
 
 # --------------------------------------------------------------------------------------------- formatting
