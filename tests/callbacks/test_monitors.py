@@ -1084,3 +1084,15 @@ def test_the_kl_rule_called_directly_reads_its_patience_from_the_config():
         1,
         2,
     ]
+
+
+def test_reward_monitor_pools_the_answer_rate_of_small_logs_by_their_roots():
+    # Per-step logs of an asynchronous RLM run, 8 roots each: one log of 3 answers in 8 is chance, not a collapse.
+    rates = [1.0, 0.75, 0.625, 0.875, 0.375, 0.75, 0.875, 0.625]
+    with_roots = [{"rlm/final_answer_rate": rate, "rlm/roots_total": 8.0} for rate in rates]
+    assert fired(feed(RewardMonitor(), with_roots)) == []
+    assert fired(feed(RewardMonitor(), [{"rlm/final_answer_rate": rate} for rate in rates])) == [
+        ("answer_rate_collapse", 5)
+    ]
+    dying = with_roots[:4] + [{"rlm/final_answer_rate": 0.125, "rlm/roots_total": 8.0}] * 4
+    assert fired(feed(RewardMonitor(), dying)) == [("answer_rate_collapse", 8)]

@@ -465,3 +465,22 @@ def test_answer_rate_collapse_fires_on_dying_runs_before_they_die_and_not_on_liv
         result = rules.answer_rate_collapse([rate], [step], config, memory)
         memory, fired = result.memory, fired + [f.step for f in result.findings]
     assert fired == [1, 3]
+
+
+def test_answer_rate_collapse_pools_small_logs_into_observations_of_32_roots():
+    # An asynchronous trainer logs every optimizer step over a group or two: a rate of 8 roots moves by 1/8 with
+    # each root. A healthy run's per-step rates around 0.75, one log at a time, as the monitor feeds them:
+    healthy = [1.0, 0.75, 0.625, 0.875, 0.375, 0.75, 0.875, 0.625, 0.75, 0.5, 0.875, 0.75]
+
+    def fired(rates, roots):
+        memory, steps = None, []
+        for step, rate in enumerate(rates):
+            result = rules.answer_rate_collapse([rate], [step], REWARD, memory, roots=roots)
+            memory, steps = result.memory, steps + [f.step for f in result.findings]
+        return steps
+
+    assert fired(healthy, roots=None) == [4]  # each log alone: 0.375 < half of the peak 1.0, a false alarm
+    assert fired(healthy, roots=8.0) == []  # pooled by 4 logs: 0.81, 0.66, 0.72
+    dying = [0.875, 0.75, 0.875, 0.75, 0.5, 0.375, 0.25, 0.25, 0.125, 0.0, 0.0, 0.0]
+    assert fired(dying, roots=8.0) == [7, 11]  # pools 0.81, 0.34 (fires), 0.03
+    assert fired([0.9, 0.1], roots=32.0) == [1]  # a log of 32 roots (the quickstart's generation batch) is one

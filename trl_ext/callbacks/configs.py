@@ -244,9 +244,10 @@ class RewardMonitorConfig(_Config):
 
     Collapse: ``smoothing``, ``min_rise``, ``max_drop``, ``collapse_patience``, ``min_drop_sigmas``.
     Signal: ``zero_std_max``, ``zero_std_patience``. Answers (RLM): ``answer_drop``, ``answer_min_peak``,
-    ``answer_patience``. Judge: ``judge_failure_max``, ``judge_patience``, ``judge_injection_max``,
+    ``answer_patience``, ``answer_min_roots``. Judge: ``judge_failure_max``, ``judge_patience``, ``judge_injection_max``,
     ``judge_injection_patience``.
-    Wiring: ``reward_metric``, ``zero_std_metric``, ``answer_rate_metric``, ``judge_failure_metric``,
+    Wiring: ``reward_metric``, ``zero_std_metric``, ``answer_rate_metric``, ``answer_roots_metric``,
+    ``judge_failure_metric``,
     ``judge_injection_metric``.
     """
 
@@ -275,7 +276,13 @@ class RewardMonitorConfig(_Config):
         "disables the rule.",
     )
     answer_min_peak: float = documented(0.2, "The peak final-answer rate must reach this before the rule can fire.")
-    answer_patience: int = documented(1, "Consecutive logs (one per generation batch) before answer_rate_collapse.")
+    answer_patience: int = documented(1, "Consecutive observations before answer_rate_collapse.")
+    answer_min_roots: int = documented(
+        32,
+        "Logs are pooled until they hold this many root rollouts (answer_roots_metric), and each pool is one "
+        "observation of the final-answer rate: a rate over a few groups moves by chance alone (an asynchronous "
+        "trainer logs every optimizer step). A log without the roots count is one observation.",
+    )
     judge_failure_max: float | None = documented(
         0.2, "Judge failure ratio above this fires judge_failure; None disables the rule."
     )
@@ -294,6 +301,9 @@ class RewardMonitorConfig(_Config):
     )
     answer_rate_metric: str = documented(
         "rlm/final_answer_rate", "Logged key of the share of root rollouts that gave a final answer (RLM trainers)."
+    )
+    answer_roots_metric: str = documented(
+        "rlm/roots_total", "Logged key of the number of root rollouts behind that share (RLM trainers)."
     )
     judge_failure_metric: str = documented(
         "judge/failure_ratio", "Logged key of the judge's failure ratio (judge credit)."
@@ -315,6 +325,7 @@ class RewardMonitorConfig(_Config):
         self._float("answer_drop", 0.5, low=0.0, high=1.0, low_inclusive=False, high_inclusive=False, allow_none=True)
         self._float("answer_min_peak", 0.2, low=0.0, high=1.0, low_inclusive=False)
         self._int("answer_patience", 1, 1)
+        self._int("answer_min_roots", 1, 32)
         self._float("judge_failure_max", 0.2, low=0.0, high=1.0, high_inclusive=False, allow_none=True)
         self._int("judge_patience", 1, 2)
         self._float("judge_injection_max", 0.0, low=0.0, allow_none=True)
@@ -322,6 +333,7 @@ class RewardMonitorConfig(_Config):
         self._key("reward_metric", "reward")
         self._key("zero_std_metric", "frac_reward_zero_std")
         self._key("answer_rate_metric", "rlm/final_answer_rate")
+        self._key("answer_roots_metric", "rlm/roots_total")
         self._key("judge_failure_metric", "judge/failure_ratio")
         self._key("judge_injection_metric", "judge/injection_suspected")
 

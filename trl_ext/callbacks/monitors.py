@@ -326,7 +326,8 @@ class RewardMonitor(MonitorCallback):
           every group has identical rewards, so the advantages are 0 (`reward_no_signal`). Not in a log where judge
           credit (``judge_lambda > 0``) marked spans: those give per-token advantages all the same.
         - ``answer_rate_collapse``: ``rlm/final_answer_rate`` below ``answer_drop`` of its peak so far for
-          ``answer_patience`` logs (RLM trainers; idle elsewhere): the policy stops answering, the road to a dead run
+          ``answer_patience`` observations, each a pool of logs holding ``answer_min_roots`` root rollouts
+          (``rlm/roots_total``; RLM trainers; idle elsewhere): the policy stops answering, the road to a dead run
           where no group has a reward spread (`answer_rate_collapse`).
         - ``judge_failure``: ``judge/failure_ratio`` > ``judge_failure_max`` for ``judge_patience`` logs (judge credit
           runs only; `judge_failure`).
@@ -358,8 +359,11 @@ class RewardMonitor(MonitorCallback):
         super().__init__(config, **kwargs)
         self._judge_credit = False  # `_configure`: the run blends judge credit into its advantages
         self._text_verdicts = False  # `_check`: some verdicts of this log were read out of free text
+        self._answer_roots: float | None = None  # `_check`: the root rollouts behind this log's final-answer rate
 
     def _rule_kwargs(self, rule: Rule) -> dict[str, Any]:
+        if rule is answer_rate_collapse:
+            return {"roots": self._answer_roots}
         return {"text_verdicts": self._text_verdicts} if rule is judge_injection else {}
 
     def _configure(self, args: TrainingArguments, state: TrainerState) -> None:
@@ -374,6 +378,7 @@ class RewardMonitor(MonitorCallback):
         if self._judge_credit and (metric_value(logs, JUDGE_SPANS_METRIC) or 0) > 0:
             logs = {**logs, self.config.zero_std_metric: 0.0}
         self._text_verdicts = (metric_value(logs, text_verdicts_metric(self.config.judge_injection_metric)) or 0) > 0
+        self._answer_roots = metric_value(logs, self.config.answer_roots_metric)
         return super()._check(logs, step)
 
 

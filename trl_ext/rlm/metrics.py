@@ -47,6 +47,7 @@ def rollout_metrics(trees: Sequence[RolloutTree], stats: EngineStats, num_rows: 
             float(len(children)),
         ),
         "rlm/final_answer_rate": (float(sum(tree.final_answer is not None for tree in trees)), roots),
+        "rlm/roots_total": roots,
         "rlm/rows_per_root": (float(num_rows), roots),
         "rlm/depth_max": float(max((node.depth for node in nodes), default=0)),
         "repl/error_rate": (float(stats.repl_errors), cells),

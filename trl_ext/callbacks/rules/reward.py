@@ -77,30 +77,45 @@ def reward_no_signal(
 
 
 def answer_rate_collapse(
-    values: Values, steps: Steps, config: RewardMonitorConfig, memory: Memory | None = None
+    values: Values,
+    steps: Steps,
+    config: RewardMonitorConfig,
+    memory: Memory | None = None,
+    *,
+    roots: float | None = None,
 ) -> RuleResult:
     """The policy stops answering: its final-answer rate fell below a share of its best (RLM trainers).
 
-    ``values`` are ``rlm/final_answer_rate`` (one per generation batch). Fires at each log that ends a run of at least
-    ``config.answer_patience`` (1) logs whose value is below ``config.answer_drop`` (0.5) times the highest value so
-    far, once that peak is at least ``config.answer_min_peak`` (0.2); never when ``answer_drop`` is None. A rollout
-    without an answer gets reward 0, so when the rate reaches 0 every group's rewards agree and nothing trains again
-    (a dead policy; benchmarks/RESULTS.md, *IPO collapse*, says how early it fired there). Facts: ``streak``,
-    ``peak``.
+    ``values`` are ``rlm/final_answer_rate``; ``roots``, when the log has it (``rlm/roots_total``), the number of root
+    rollouts behind this log's value. Logs are pooled until they hold ``config.answer_min_roots`` (32) roots, and a
+    pool's rate (Σ answered / Σ roots) is one observation: a synchronous trainer's generation batch of 32 roots is
+    one log, an asynchronous trainer logs every optimizer step over a few groups, whose rate moves by 1/8 with each
+    root of 8. A log without ``roots`` is one observation. Fires at each observation that ends a run of at least
+    ``config.answer_patience`` (1) observations below ``config.answer_drop`` (0.5) times the highest so far, once
+    that peak is at least ``config.answer_min_peak`` (0.2); never when ``answer_drop`` is None. A rollout without an
+    answer gets reward 0, so when the rate reaches 0 every group's rewards agree and nothing trains again (a dead
+    policy; benchmarks/RESULTS.md, *IPO collapse*, says how early it fired there). Facts: ``streak``, ``peak``.
     """
     memory = dict(memory or {})
     peak = float(memory.get("peak", 0.0))
     streak = int(memory.get("streak", 0))
+    pooled_answers, pooled_roots = float(memory.get("pooled_answers", 0.0)), float(memory.get("pooled_roots", 0.0))
     findings = []
     for step, value in zip(steps, values):
         if config.answer_drop is None or not math.isfinite(value):
             continue
+        if roots is not None and math.isfinite(roots) and roots > 0:
+            pooled_answers, pooled_roots = pooled_answers + value * roots, pooled_roots + roots
+            if pooled_roots < config.answer_min_roots:
+                continue
+            value, pooled_answers, pooled_roots = pooled_answers / pooled_roots, 0.0, 0.0
         fallen = peak >= config.answer_min_peak and value < config.answer_drop * peak
         streak = streak + 1 if fallen else 0
         if fallen and streak >= config.answer_patience:
             findings.append(Finding("answer_rate_collapse", step, value, facts={"streak": streak, "peak": peak}))
         peak = max(peak, value)
-    return RuleResult(findings, {"peak": peak, "streak": streak})
+    state = {"peak": peak, "streak": streak, "pooled_answers": pooled_answers, "pooled_roots": pooled_roots}
+    return RuleResult(findings, state)
 
 
 def judge_failure(
