@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _results import machine, write_section  # noqa: E402
 
 SECTION = "quickstart_ablations"
+TITLE = "Quickstart ablations: 1/k_g, IPO, the learning-rate schedule and the RLM lesson in miniature"
 ARMS: dict[str, dict[str, str]] = {
     "default": {},
     "token": {"rlm_loss_normalization": "token"},
@@ -143,7 +144,7 @@ def run_name(record: dict) -> str:
     return f"{record['seed']}" + ("" if kernels == NATIVE else f" ({kernels})")
 
 
-def table(records: list[dict], command: str) -> str:
+def table(records: list[dict], command: str, title: str) -> str:
     """The RESULTS.md section: one row per (seed, kernels, arm), then each arm against the default, run by run, and
     each arm's range of gains, largest KL and alerts."""
     threads = sorted({record["threads"] for record in records})
@@ -152,7 +153,7 @@ def table(records: list[dict], command: str) -> str:
     evaluation = QuickstartSettings.default()
     records = sorted(records, key=lambda r: (r["seed"], r.get("kernels", NATIVE) != NATIVE, r.get("kernels", "")))
     lines = [
-        "## Quickstart ablations: 1/k_g, IPO, the learning-rate schedule and the RLM lesson in miniature",
+        f"## {title}",
         "",
         f"`{command}` ({machine(threads=False)}, {os.cpu_count()} CPUs, {'/'.join(map(str, threads))} torch "
         "thread(s) per run). Per seed and kernels (`ATEN_CPU_CAPABILITY`; native: torch's choice for this CPU): one "
@@ -226,6 +227,8 @@ def main() -> None:
     parser.add_argument("--workdir", default=None, help="keep the runs here")
     parser.add_argument("--render", action="store_true", help="no new runs: the table from --workdir's records")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    parser.add_argument("--section", default=SECTION, help="the RESULTS.md section to write (and its title)")
+    parser.add_argument("--title", default=TITLE, help="the section's heading")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="quickstart-ablations-"))
@@ -243,10 +246,12 @@ def main() -> None:
         f"python benchmarks/quickstart_ablations.py --seeds {' '.join(map(str, args.seeds))} --kernels "
         f"{' '.join(args.kernels)} --arms {' '.join(args.arms)} --threads {args.threads} --jobs {args.jobs}"
     )
-    body = table(records, command)
+    if args.section != SECTION:
+        command += f" --section {args.section} --title '{args.title}'"
+    body = table(records, command, args.title)
     print(body)
     if not args.no_write:
-        write_section(SECTION, body)
+        write_section(args.section, body)
 
 
 if __name__ == "__main__":
