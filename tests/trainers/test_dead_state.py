@@ -14,17 +14,12 @@ from __future__ import annotations
 import logging
 
 import pytest
-from datasets import Dataset
-from peft import LoraConfig
 from transformers import TrainerCallback
 
 from trl_ext.callbacks import default_monitors
-from trl_ext.testing import build_tiny_model_and_tokenizer
 from trl_ext.trainers.learning_signal import NO_SIGNAL_STEPS
-from trl_ext.trainers.stepwise_rlm import StepwiseRLMConfig, StepwiseRLMTrainer
 
-from ..utils import cpu_config_kwargs
-from .test_stepwise_rlm_e2e import SHORT_PROMPTS, cold_start
+from .test_stepwise_rlm_e2e import cold_started_trainer
 
 STEPS = 18
 
@@ -47,12 +42,12 @@ def dead_from(logs: list[dict]) -> int | None:
 
 @pytest.mark.slow
 def test_a_policy_that_stops_answering_dies_and_the_answer_alert_comes_first(tmp_path, caplog):
-    model, tokenizer = build_tiny_model_and_tokenizer(0)
-    settings = dict(
-        loss_type="ipo",
-        max_turns=3,
-        max_depth=0,
-        max_completion_length=16,
+    monitors = default_monitors(action="warn", stop_on_collapse=False)
+    trainer = cold_started_trainer(
+        tmp_path,
+        silence_pays,
+        16 * STEPS,
+        callbacks=monitors,
         per_device_train_batch_size=16,  # 4 groups of 4 roots per step
         num_generations=4,
         max_steps=STEPS,
@@ -60,22 +55,8 @@ def test_a_policy_that_stops_answering_dies_and_the_answer_alert_comes_first(tmp
         lr_scheduler_type="constant",
         beta=0.0,
         seed=1,
-        **SHORT_PROMPTS,
     )
-    config = StepwiseRLMConfig(**cpu_config_kwargs(str(tmp_path), **settings))
-    assert config.ipo_ratio_band == 0.2  # IPO as it ships, with its ratio band
-    cold_start(model, tokenizer, config.scaffold_config())
-    monitors = default_monitors(action="warn", stop_on_collapse=False)
-    dataset = Dataset.from_dict({"prompt": ["is it?"] * 16 * STEPS, "context": ["ab"] * 16 * STEPS})
-    trainer = StepwiseRLMTrainer(
-        model,
-        silence_pays,
-        args=config,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
-        callbacks=monitors,
-    )
+    assert trainer.args.ipo_ratio_band == 0.2  # IPO as it ships, with its ratio band
     warned_at = []
     caplog.set_level(logging.WARNING, logger="trl_ext.trainers.learning_signal")
     trainer.add_callback(_StepOfWarnings(caplog, warned_at))

@@ -43,34 +43,30 @@ def cold_start(model, tokenizer, config: RLMScaffoldConfig) -> None:
         optimizer.step()
 
 
+def cold_started_trainer(output_dir, reward, rows: int, callbacks=None, **settings) -> StepwiseRLMTrainer:
+    """`StepwiseRLMTrainer` of the tiny model after `cold_start`, with a LoRA adapter, on ``rows`` copies of the
+    task "is it?" (context "ab"), its config (IPO, one level, 3 turns, short prompts) with ``settings`` on top."""
+    model, tokenizer = build_tiny_model_and_tokenizer(0)
+    base = dict(loss_type="ipo", max_turns=3, max_depth=0, max_completion_length=16, **SHORT_PROMPTS)
+    config = StepwiseRLMConfig(**cpu_config_kwargs(str(output_dir), **{**base, **settings}))
+    cold_start(model, tokenizer, config.scaffold_config())
+    return StepwiseRLMTrainer(
+        model,
+        reward,
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": ["is it?"] * rows, "context": ["ab"] * rows}),
+        processing_class=tokenizer,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+        callbacks=callbacks,
+    )
+
+
 @pytest.mark.slow
 def test_tiny_model_trains_stepwise_with_lora(tmp_path):
-    model, tokenizer = build_tiny_model_and_tokenizer(0)
-    settings = dict(
-        loss_type="ipo",
-        max_turns=3,
-        max_depth=0,
-        max_completion_length=16,
-        num_iterations=2,
-        max_steps=4,
-        learning_rate=5e-2,
-        **SHORT_PROMPTS,
-    )
-    config = StepwiseRLMConfig(**cpu_config_kwargs(str(tmp_path), **settings))
-    cold_start(model, tokenizer, config.scaffold_config())
-
     def yes_reward(completions, **kwargs):
         return [1.0 if text.strip() == "yes" else 0.0 for text in completions]
 
-    dataset = Dataset.from_dict({"prompt": ["is it?"] * 8, "context": ["ab"] * 8})
-    trainer = StepwiseRLMTrainer(
-        model,
-        yes_reward,
-        args=config,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
-    )
+    trainer = cold_started_trainer(tmp_path, yes_reward, 8, num_iterations=2, max_steps=4, learning_rate=5e-2)
     lora_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
     trainer.train()
 
