@@ -236,9 +236,10 @@ def render(results: list[dict], args: argparse.Namespace, seconds: float) -> str
                 every = every_async if args.use_async else mine[0]["num_iterations"]
                 last = [per_generation(r["steps"], "reward", every, args.use_async)[-1] for r in mine]
                 where = f"lr {lr:g}" + ("" if staleness is None else f", k = {staleness}")
+                span = "4 steps'" if args.use_async else "generation's"
                 lines.append(
                     f"- **{where}, {ARM_LABELS[arm]}**: dead in {died} of {len(mine)} runs; last "
-                    f"{'4 steps' if args.use_async else 'generation'}' reward {min(last):.2f} to {max(last):.2f}."
+                    f"{span} reward {min(last):.2f} to {max(last):.2f}."
                 )
     return "\n".join(lines)
 
@@ -268,8 +269,10 @@ def main() -> None:
     table = render(results, args, time.perf_counter() - tick)
     print(table)
     if not args.no_write:
+        mode = "asynchronous with real lag" if args.use_async else "lr grid"
+        arms = "" if args.arms == list(ARMS) else ": " + ", ".join(ARM_LABELS[arm] for arm in args.arms)
         title = {SECTION: "IPO collapse: does the policy keep answering? (issue 43)"}.get(
-            args.section, f"IPO collapse, {'asynchronous with real lag' if args.use_async else 'lr grid'} (issue 43)"
+            args.section, f"IPO collapse, {mode}{arms} (issue 43)"
         )
         write_section(args.section, f"## {title}\n\n" + table)
 
