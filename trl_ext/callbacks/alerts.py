@@ -169,7 +169,8 @@ ALERTS: dict[str, AlertText] = {
         check="rlm/final_answer_rate, the last turns of unanswered rollouts, the trust region's masked or clipped "
         "share, the learning rate",
         message="Answers disappearing: the final-answer rate fell to {value:.0%}, below {answer_drop:.0%} of its "
-        "peak {peak:.0%}, for {streak} logs. Unanswered rollouts get reward 0; when no rollout answers, every group's "
+        "peak {peak:.0%}, for {streak} observation(s) (a log, or logs pooled to {answer_min_roots} roots). "
+        "Unanswered rollouts get reward 0; when no rollout answers, every group's "
         "rewards agree and the run trains nothing again (loss 0, grad norm 0). Likely causes: a reward that scores "
         "a wrong answer below no answer (silence pays), a learning rate too high for the off-policy passes (num_iterations > 1, stale samples), a loss whose trust region lets the "
         "answers of failed rollouts be pushed down without bound (loss_type='ipo' with ipo_ratio_band=None), or "
