@@ -74,13 +74,13 @@ def run_arm(start, settings, arm: str, workdir: Path, args: argparse.Namespace, 
                 steps.append({"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, float)}})
 
     class Lag(TrainerCallback):
-        """Sleeps after each optimizer step: the sampler runs ahead, so samples arrive up to k versions old."""
+        """Sleeps ``--sleep`` seconds after each optimizer step: the sampler runs ahead, so samples arrive up to k
+        versions old."""
 
         def on_step_end(self, args, state, control, **kwargs):
-            time.sleep(args_sleep)
+            time.sleep(sleep_s)
 
-    args_sleep = args.sleep
-
+    sleep_s = args.sleep
     warnings: list[int] = []
 
     class CountWarning(logging.Handler):

@@ -1,10 +1,10 @@
 """A real tiny run that dies, and the warnings that come before it (issue 43).
 
 The tiny model, cold-started to answer ``yes`` or ``no`` after one REPL turn, is trained by `StepwiseRLMTrainer`
-(the IPO loss with its ratio band, LoRA, constant learning rate, no KL term) with a reward that scores every answer -1 and no
-answer 0: a reward where silence pays, one of the causes `answer_rate_collapse` names. The policy learns to stop
-answering; once no rollout answers, every group's rewards agree (all 0) and nothing trains again: final-answer rate
-0, reward 0, grad norm 0 to the end of the run, the dead state of issue 43's collapsed IPO runs. The monitor's
+(the IPO loss with its ratio band, LoRA, constant learning rate, no KL term) with a reward that scores every answer
+-1 and no answer 0: a reward where silence pays, one of the causes `answer_rate_collapse` names. The policy learns to
+stop answering; once no rollout answers, every group's rewards agree (all 0) and nothing trains again: final-answer
+rate 0, reward 0, grad norm 0 to the end of the run, the dead state of issue 43's collapsed IPO runs. The monitor's
 `answer_rate_collapse` must speak while some group still has a reward spread, before the first dead step; the
 trainer's own no-learning-signal warning (`LearningSignalWatch`) follows once 5 steps have trained nothing.
 """

@@ -170,13 +170,13 @@ ALERTS: dict[str, AlertText] = {
         "share, the learning rate",
         message="Answers disappearing: the final-answer rate fell to {value:.0%}, below {answer_drop:.0%} of its "
         "peak {peak:.0%}, for {streak} observation(s) (a log, or logs pooled to {answer_min_roots} roots). "
-        "Unanswered rollouts get reward 0; when no rollout answers, every group's "
-        "rewards agree and the run trains nothing again (loss 0, grad norm 0). Likely causes: a reward that scores "
-        "a wrong answer below no answer (silence pays), a learning rate too high for the off-policy passes (num_iterations > 1, stale samples), a loss whose trust region lets the "
-        "answers of failed rollouts be pushed down without bound (loss_type='ipo' with ipo_ratio_band=None), or "
-        "a max_completion_length that cuts the answers off. What to do: lower the learning rate, keep "
-        "ipo_ratio_band (0.2) or use loss_type='dapo', add a KL term (beta), and restart from the last checkpoint "
-        "where the rate was still high.",
+        "Unanswered rollouts get reward 0; when no rollout answers, every group's rewards agree and the run trains "
+        "nothing again (loss 0, grad norm 0). Likely causes: a reward that scores a wrong answer below no answer "
+        "(silence pays), a learning rate too high for the off-policy passes (num_iterations > 1, stale samples), a "
+        "loss whose trust region lets the answers of failed rollouts be pushed down without bound (loss_type='ipo' "
+        "with ipo_ratio_band=None), or a max_completion_length that cuts the answers off. What to do: lower the "
+        "learning rate, keep ipo_ratio_band (0.2) or use loss_type='dapo', add a KL term (beta), and restart from the "
+        "last checkpoint where the rate was still high.",
     ),
     "judge_failure": AlertText(
         meaning="more than 20 % of rollouts got no judge verdict (judge credit only); the judge's share shrinks "

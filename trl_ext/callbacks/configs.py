@@ -244,11 +244,10 @@ class RewardMonitorConfig(_Config):
 
     Collapse: ``smoothing``, ``min_rise``, ``max_drop``, ``collapse_patience``, ``min_drop_sigmas``.
     Signal: ``zero_std_max``, ``zero_std_patience``. Answers (RLM): ``answer_drop``, ``answer_min_peak``,
-    ``answer_patience``, ``answer_min_roots``. Judge: ``judge_failure_max``, ``judge_patience``, ``judge_injection_max``,
-    ``judge_injection_patience``.
+    ``answer_patience``, ``answer_min_roots``. Judge: ``judge_failure_max``, ``judge_patience``,
+    ``judge_injection_max``, ``judge_injection_patience``.
     Wiring: ``reward_metric``, ``zero_std_metric``, ``answer_rate_metric``, ``answer_roots_metric``,
-    ``judge_failure_metric``,
-    ``judge_injection_metric``.
+    ``judge_failure_metric``, ``judge_injection_metric``.
     """
 
     smoothing: int = documented(5, "Logs in the moving average of the reward.")

@@ -1,4 +1,4 @@
-"""`EngineStats`: the counters of one RLM engine run (what the trainers' metrics are made of, `trl_ext.rlm.metrics`)."""
+"""`EngineStats`: the counters of one RLM engine run (`trl_ext.rlm.metrics` makes the trainers' metrics of them)."""
 
 from __future__ import annotations
 
