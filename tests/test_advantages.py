@@ -5,7 +5,14 @@ import random
 import pytest
 import torch
 
-from trl_ext.advantages import broadcast_advantages, stepwise_loss_weights, trained_node_weights
+from trl_ext.advantages import (
+    async_group_advantages,
+    broadcast_advantages,
+    group_advantages,
+    scored_advantages,
+    stepwise_loss_weights,
+    trained_node_weights,
+)
 
 # root 0 -> children 1, 4, 5 (k=3); node 1 -> children 2, 3 (k=2)
 PARENTS = [None, 0, 1, 1, 0, 0]
@@ -64,3 +71,34 @@ def test_stepwise_loss_weights_hand_computed():
     assert (weights.sum() / 6).item() == pytest.approx((1 + 1 / 3) / 2)
     with pytest.raises(ValueError, match="at least one action token"):
         stepwise_loss_weights(torch.tensor([1.0]), torch.tensor([0]), mask[:1], num_roots=1, num_tokens=3)
+
+
+def test_group_advantages_are_trls():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0])
+    expected = (rewards - rewards.mean()) / (rewards.std() + 1e-4)  # GRPOTrainer, scale_rewards="group"
+    assert group_advantages(rewards.tolist()) == pytest.approx(expected.tolist())
+    assert group_advantages([1.0, 3.0], "none") == [-1.0, 1.0]
+    assert group_advantages([2.0]) == [0.0]
+    with pytest.raises(ValueError, match="scale_rewards"):
+        group_advantages([1.0], "batch")
+
+
+def test_async_group_advantages_are_trls():
+    assert async_group_advantages([1.0, 0.0, 0.0, 1.0]) == pytest.approx([1.0, -1.0, -1.0, 1.0], abs=1e-6)
+    assert async_group_advantages([0.5, 0.5]) == [0.0, 0.0]
+    with pytest.raises(ValueError, match="finite"):
+        async_group_advantages([float("nan"), 1.0])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The bound at the loss
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_scored_advantages_leave_unscored_completions_at_zero():
+    rewards = [1.0, float("nan"), 0.0, 2.0]
+    advantages = scored_advantages(rewards)
+    assert advantages[1] == 0.0
+    assert [advantages[i] for i in (0, 2, 3)] == pytest.approx(group_advantages([1.0, 0.0, 2.0]))
+    assert scored_advantages([float("nan")] * 3) == [0.0, 0.0, 0.0]
+    assert scored_advantages([1.0, 3.0], "none") == [-1.0, 1.0]

@@ -5,10 +5,15 @@ becomes one training row. Every row inherits its root's group advantage ``A_g``,
 normalisation each action token of node v carries the weight ``W(v) / n_v``, where ``W(v) = Π_{ancestors a}
 1/k_a`` (k_a: children of a) and n_v the action tokens of v. Summed over rows and divided by the number of roots,
 that is exactly ``J = mean_g L_subtree(root_g)`` with ``L_subtree(v) = L_node(v) + (1/k_v) Σ_c L_subtree(c)``.
+
+The group advantage of one prompt's ``G`` rewards (`group_advantages`, `scored_advantages`) is computed here once
+for the asynchronous rollout workers, as `GRPOTrainer` (and so every synchronous trainer) computes it, and in TRL's
+asynchronous worker's variant (`async_group_advantages`).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -17,7 +22,17 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["broadcast_advantages", "stepwise_loss_weights", "subtree_weights", "trained_node_weights"]
+__all__ = [
+    "async_group_advantages",
+    "broadcast_advantages",
+    "group_advantages",
+    "scored_advantages",
+    "stepwise_loss_weights",
+    "subtree_weights",
+    "trained_node_weights",
+]
+
+SCALE_REWARDS = ("group", "none")  # the scalings of one group's rewards (GRPOTrainer's "batch" needs the batch)
 
 
 def subtree_weights(parents: Sequence[int | None]) -> list[float]:
@@ -184,3 +199,64 @@ def stepwise_loss_weights(
     scale = torch.as_tensor(num_tokens, dtype=torch.float32) / torch.as_tensor(num_roots, dtype=torch.float32)
     per_row = row_node_weight.float() / row_node_tokens.float() * scale.to(row_node_weight.device)
     return per_row.unsqueeze(1) * completion_mask.float()
+
+
+def group_advantages(
+    rewards: Sequence[float], scale_rewards: str = "group", *, ddof: int = 1, eps: float = 1e-4
+) -> list[float]:
+    """The group advantage of one prompt's ``G`` rewards, as `GRPOTrainer` computes it by default.
+
+    Args:
+        rewards: ``(G,)`` finite rewards.
+        scale_rewards: ``"group"``: ``(r − mean) / (std + eps)``; ``"none"``: ``r − mean`` (Dr. GRPO).
+        ddof: the std's delta degrees of freedom: 1 (unbiased, 0 for one reward: `GRPOTrainer`'s) or 0 (population:
+            TRL's asynchronous worker's, `async_group_advantages`).
+        eps: added to the std (`GRPOTrainer`: 1e-4).
+
+    Returns:
+        ``(G,)`` advantages.
+    """
+    import numpy as np  # here: the 1/k weights above are imported where numpy need not be
+
+    if scale_rewards not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards={scale_rewards!r}: set 'group' or 'none'.")
+    values = np.asarray(rewards, dtype=np.float64)
+    if values.ndim != 1 or values.size == 0 or not np.isfinite(values).all():
+        raise ValueError(f"rewards must be a non-empty sequence of finite numbers, got {list(rewards)}.")
+    centred = values - values.mean()
+    if scale_rewards == "group":
+        std = values.std(ddof=ddof) if values.size > ddof else 0.0
+        centred = centred / (std + eps)
+    return [float(value) for value in centred]
+
+
+def async_group_advantages(rewards: Sequence[float]) -> list[float]:
+    """The group advantages of TRL's asynchronous rollout worker: ``(r − mean) / (std + 1e-8)``, population std
+    (`group_advantages` with ``ddof=0, eps=1e-8``).
+
+    Args:
+        rewards: ``(G,)`` one prompt's rewards (finite).
+
+    Returns:
+        ``(G,)`` advantages.
+    """
+    return group_advantages(rewards, "group", ddof=0, eps=1e-8)
+
+
+def scored_advantages(rewards: Sequence[float], scale_rewards: str = "group") -> list[float]:
+    """The group advantage of ``G`` rewards, NaN marking a completion no reward function could score.
+
+    Args:
+        rewards: ``(G,)`` summed rewards, NaN where every reward function returned None.
+        scale_rewards: ``"group"`` or ``"none"`` (`group_advantages`).
+
+    Returns:
+        ``(G,)`` advantages: those of the scored completions computed among themselves, 0 for the unscored ones
+        (they teach nothing, as in TRL's asynchronous worker).
+    """
+    scored = [index for index, reward in enumerate(rewards) if not math.isnan(reward)]
+    advantages = [0.0] * len(rewards)
+    if scored:
+        for index, value in zip(scored, group_advantages([rewards[i] for i in scored], scale_rewards), strict=True):
+            advantages[index] = value
+    return advantages

@@ -28,7 +28,8 @@ class FieldDoc(Mapping):
     ``section`` it is listed under in the docstring.
 
     `transformers.HfArgumentParser` passes every metadata key it iterates to ``argparse.add_argument``, which
-    refuses unknown keywords; so the section is readable (``metadata.get("section")``) but never iterated.
+    refuses unknown keywords; so the section is readable (``metadata.get("section")``) but never iterated, and so is
+    the mark ``metadata.get("trl_ext")`` (True: a field trl-ext documents, which `document_fields` lists).
     """
 
     def __init__(self, help: str, section: str | None = None):
@@ -39,6 +40,8 @@ class FieldDoc(Mapping):
             return self.help
         if key == "section" and self.section is not None:
             return self.section
+        if key == "trl_ext":  # marks a field trl-ext documents (`document_fields` lists it)
+            return True
         raise KeyError(key)
 
     def __iter__(self) -> Iterator[str]:
@@ -88,16 +91,19 @@ def mirror_field(
 
 
 def document_fields(cls: type) -> type:
-    """Append a ``Parameters:`` section, built from the help texts of the fields ``cls`` itself declares, to its
-    docstring, and refuse unknown keywords by name (`refuse_unknown_keywords`). A field without help text fails
-    here: every field gets its one doc."""
-    own = [item for item in fields(cls) if item.name in cls.__dict__.get("__annotations__", {})]
+    """Append a ``Parameters:`` section to the docstring of ``cls``, built from the help texts of every field trl-ext
+    declares for it (its own and those of the trl-ext classes it inherits, such as a method's settings mixin; not
+    TRL's), and refuse unknown keywords by name (`refuse_unknown_keywords`). A field ``cls`` itself declares
+    without a help text fails here: every field gets its one doc."""
+    annotations = cls.__dict__.get("__annotations__", {})
+    for item in fields(cls):
+        if item.name in annotations and not item.metadata.get("help"):
+            raise TypeError(f"{cls.__name__}.{item.name} has no help text: declare it with documented(...).")
+    own = [item for item in fields(cls) if item.metadata.get("trl_ext")]
     lines = ["", "    Parameters:"]
     section = None
     for item in own:
-        help_text = item.metadata.get("help")
-        if not help_text:
-            raise TypeError(f"{cls.__name__}.{item.name} has no help text: declare it with documented(...).")
+        help_text = item.metadata["help"]
         if item.metadata.get("section") and item.metadata["section"] != section:
             section = item.metadata["section"]
             lines += ([""] if len(lines) > 2 else []) + [f"        > {section}", ""]
@@ -108,7 +114,9 @@ def document_fields(cls: type) -> type:
             default = "required"
         kind = item.type if isinstance(item.type, str) else getattr(item.type, "__name__", str(item.type))
         lines.append(f"        {item.name} (`{kind}`, {default}):")
-        lines += textwrap.wrap(help_text, width=120, initial_indent=" " * 12, subsequent_indent=" " * 12)
+        lines += textwrap.wrap(
+            help_text, width=120, initial_indent=" " * 12, subsequent_indent=" " * 12, break_on_hyphens=False
+        )
     if own:
         cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n" + "\n".join(lines) + "\n"
     return refuse_unknown_keywords(cls)

@@ -8,17 +8,33 @@ from dataclasses import fields
 import pytest
 from transformers import HfArgumentParser
 from trl import GRPOConfig
+from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from trl_ext.judge import AsyncChatClient
 from trl_ext.judge.endpoint import RETRIED_ERRORS, EndpointSettings
 from trl_ext.rewards import RubricJudgeConfig, RubricJudgeReward, ServedRewardModelScorer
+from trl_ext.trainers import AsyncJudgeCreditConfig, AsyncRLMTConfig, AsyncStepwiseRLMConfig
 from trl_ext.trainers.judge_credit_config import JudgeCreditConfig
 from trl_ext.trainers.rlmt_config import RLMTConfig
 from trl_ext.trainers.stepwise_rlm_config import StepwiseRLMConfig
 
 from ..utils import cpu_config_kwargs
 
-CONFIGS = [EndpointSettings, RubricJudgeConfig, JudgeCreditConfig, RLMTConfig, StepwiseRLMConfig]
+CONFIGS = [
+    EndpointSettings,
+    RubricJudgeConfig,
+    JudgeCreditConfig,
+    RLMTConfig,
+    StepwiseRLMConfig,
+    AsyncJudgeCreditConfig,
+    AsyncRLMTConfig,
+    AsyncStepwiseRLMConfig,
+]
+
+
+def trl_ext_fields(config) -> list[str]:
+    """The fields trl-ext declares for ``config`` (its own and its trl-ext bases'), not TRL's."""
+    return [item.name for item in fields(config) if item.metadata.get("trl_ext")]
 
 
 def judge_config(tmp_path, **overrides):
@@ -28,25 +44,25 @@ def judge_config(tmp_path, **overrides):
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda config: config.__name__)
 def test_every_config_field_has_one_doc(config):
-    trl_fields = set(GRPOConfig.__dataclass_fields__)
-    own = config.__dict__["__annotations__"]
+    trl_fields = set(GRPOConfig.__dataclass_fields__) | set(AsyncGRPOConfig.__dataclass_fields__)
+    ours = trl_ext_fields(config)
     intro, parameters = config.__doc__.split("    Parameters:\n")  # one section, written by document_fields
     for item in fields(config):
-        if item.name in trl_fields and item.name not in own:
+        if item.name in trl_fields and item.name not in ours:
             continue  # TRL's own fields, documented by TRL
         help_text = item.metadata.get("help")
         assert help_text, f"{config.__name__}.{item.name} has no help text"
-        if item.name in own:
-            assert parameters.count(f"        {item.name} (`") == 1, item.name
-            assert " ".join(help_text.split()) in " ".join(parameters.split()), item.name
-            assert not re.search(rf"^\s+{item.name} \(`", intro, re.MULTILINE), f"{item.name} documented twice"
+        assert item.name in ours, item.name
+        assert parameters.count(f"        {item.name} (`") == 1, item.name
+        assert " ".join(help_text.split()) in " ".join(parameters.split()), item.name
+        assert not re.search(rf"^\s+{item.name} \(`", intro, re.MULTILINE), f"{item.name} documented twice"
 
 
-@pytest.mark.parametrize("config", [JudgeCreditConfig, RLMTConfig, StepwiseRLMConfig], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("config", CONFIGS[2:], ids=lambda c: c.__name__)
 def test_configs_keep_their_command_line_help(config):
     parser = HfArgumentParser(config)
     helps = {action.dest: action.help for action in parser._actions}
-    for name in config.__dict__["__annotations__"]:
+    for name in trl_ext_fields(config):
         assert helps[name] == config.__dataclass_fields__[name].metadata["help"]
 
 

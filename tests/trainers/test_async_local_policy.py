@@ -19,7 +19,7 @@ from trl_ext.testing import build_tiny_model_and_tokenizer, save_tiny_model
 from trl_ext.trainers import LocalPolicy
 from trl_ext.trainers.async_seam.trainer import STALE_TOKENS_METRIC
 from trl_ext.trainers.async_seam.weights import LOSS_WEIGHTS_KEY, stale_token_mask, without_tokens
-from trl_ext.trainers.group_worker import GroupRolloutWorker, async_group_advantages
+from trl_ext.trainers.group_worker import GroupRolloutWorker
 from trl_ext.trainers.learning_signal import NO_SIGNAL_STEPS, LearningSignalWatch
 
 from .test_async_faults import train_within
@@ -84,16 +84,6 @@ def test_a_local_policy_of_another_model_is_refused_at_construction(model_path, 
         local_grpo(model_path, tmp_path, policy=policy)
 
 
-def test_async_group_advantages_are_trls():
-    assert async_group_advantages([1.0, 0.0, 0.0, 1.0]) == pytest.approx([1.0, -1.0, -1.0, 1.0], abs=1e-6)
-    assert async_group_advantages([0.5, 0.5]) == [0.0, 0.0]
-    with pytest.raises(ValueError, match="finite"):
-        async_group_advantages([float("nan"), 1.0])
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The bound at the loss
-# ----------------------------------------------------------------------------------------------------------------
 def test_stale_tokens_get_weight_zero_and_leave_the_token_count():
     token_index = torch.tensor([[0, 1, 2, 3, -1]])
     inputs = {

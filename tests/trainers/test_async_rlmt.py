@@ -19,19 +19,17 @@ from trl_ext.rewards.rlmt import (
     ORIGINAL_PROMPT_COLUMN,
     ZERO_PROMPT_PREFIX,
     RewardModelScorer,
+    cut_at_stop,
 )
+from trl_ext.advantages import group_advantages
 from trl_ext.rlm.generators import Completion
 from trl_ext.testing import build_tiny_reward_model, build_tiny_tokenizer
-from trl_ext.trainers.async_rlm import group_advantages
 from trl_ext.trainers.async_rlmt import (
     AsyncRLMTConfig,
     AsyncRLMTTrainer,
     RLMTRolloutWorker,
-    cut_at_stop,
     group_size,
-    scored_advantages,
 )
-from trl_ext.trainers.async_rlmt.config import RLMT_FIELDS
 from trl_ext.trainers.rlmt_config import RLMTConfig
 
 from ..utils import saved_tiny_model
@@ -146,15 +144,6 @@ def test_cut_at_stop_keeps_the_token_completing_the_stop_string():
     assert cut_at_stop(ids[:3], logprobs[:3], tokenizer, ["</response>"]) == (ids[:3], logprobs[:3], False)
     with pytest.raises(ValueError, match="log-probs"):
         cut_at_stop(ids, logprobs[:-1], tokenizer, ["</response>"])
-
-
-def test_scored_advantages_leave_unscored_completions_at_zero():
-    rewards = [1.0, float("nan"), 0.0, 2.0]
-    advantages = scored_advantages(rewards)
-    assert advantages[1] == 0.0
-    assert [advantages[i] for i in (0, 2, 3)] == pytest.approx(group_advantages([1.0, 0.0, 2.0]))
-    assert scored_advantages([float("nan")] * 3) == [0.0, 0.0, 0.0]
-    assert scored_advantages([1.0, 3.0], "none") == [-1.0, 1.0]
 
 
 def test_group_size_finds_blocks_of_identical_prompts():
@@ -300,16 +289,8 @@ def test_a_failing_reward_function_stops_the_worker_with_the_cause(model_dir, tm
 # ----------------------------------------------------------------------------------------------------------------
 # Config and refusals
 # ----------------------------------------------------------------------------------------------------------------
-def test_config_shares_the_rlmt_names_and_meanings(tmp_path):
+def test_config_resolves_the_rlmt_settings_and_refuses_batch_scaling(tmp_path):
     config = AsyncRLMTConfig(output_dir=str(tmp_path))
-    sync = RLMTConfig(output_dir=str(tmp_path))
-    for name in RLMT_FIELDS:
-        assert getattr(config, name) == getattr(sync, name), name
-        assert (
-            AsyncRLMTConfig.__dataclass_fields__[name]
-            .metadata["help"]
-            .startswith("RLMT: " + RLMTConfig.__dataclass_fields__[name].metadata["help"][:40])
-        )
     assert config.temperature == 0.7 and config.stop_strings == []
     assert AsyncRLMTConfig(output_dir=str(tmp_path), rlmt_format="zero").stop_strings == ["</response>"]
     assert AsyncRLMTConfig(output_dir=str(tmp_path), scale_rewards=False).scale_rewards == "none"

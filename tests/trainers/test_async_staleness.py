@@ -74,7 +74,7 @@ class CountingWorker(ThreadedRolloutWorker):
     worker_name = "counting"
 
     def __init__(self, dataset: Any, per_row: int = 2, groups_per_run: int = 1, queue_maxsize: int = 0) -> None:
-        self._init_worker(
+        super().__init__(
             dataset=dataset,
             reward_funcs=[lambda **kwargs: [0.0]],
             tokenizer=None,

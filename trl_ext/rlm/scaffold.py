@@ -256,8 +256,8 @@ class ScaffoldArguments:
     max_tree_query_chars: int = _argument("max_tree_query_chars")
     max_batch_size: int | None = _argument("max_batch_size")
     max_batch_wait_s: float | None = _argument("max_batch_wait_s")
-    rlm_helpers: str | None = field(
-        default=None, metadata={"help": "RLM scaffold: Python source run in every REPL at start (task helpers)."}
+    rlm_helpers: str | None = documented(
+        None, "RLM scaffold: Python source run in every REPL at start (task helpers)."
     )
     rlm_system_prompt: str | None = _template("system_prompt")
     rlm_first_user_prompt: str | None = _template("first_user_prompt")

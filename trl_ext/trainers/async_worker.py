@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ..advantages import SCALE_REWARDS, scored_advantages
 from ..rlm.generators import SamplingSettings
 from .async_seam import RolloutSample, served_policy_names
 
@@ -34,9 +35,11 @@ __all__ = [
     "ThreadedRolloutWorker",
     "as_completions",
     "callable_reward_funcs",
+    "checked_reward_weights",
     "group_metrics",
     "groups_per_run",
     "install_served_generator",
+    "population_std",
     "reward_table",
     "rollout_sample",
     "served_sampling_settings",
@@ -93,8 +96,22 @@ class ThreadedRolloutWorker:
     rows; ``max_consecutive_errors`` failures in a row stop the thread, and `check_health` (called by the trainer
     while it waits for samples) then raises with the cause.
 
-    Args (of `_init_worker`, called by the subclass's ``__init__``): dataset, reward_funcs, tokenizer, generator,
-    num_generations, groups_per_run, queue_maxsize, max_consecutive_errors, as the subclasses document them.
+    Args:
+        dataset: rows with a ``prompt`` (a string, or chat messages); every other column is passed to the reward
+            functions as TRL does.
+        reward_funcs: TRL reward functions (``prompts``, ``completions``, ``completion_ids`` and the dataset columns
+            as keyword lists); a completion's reward is the sum of theirs weighted by ``reward_weights``, a None
+            skipped (`summed_rewards`).
+        tokenizer: the policy's tokenizer (with a chat template).
+        generator: the policy's sampler (`trl_ext.rlm.Generator`: token-id prompts in, ids and log-probs out);
+            when it has ``update_model_version`` (`ServedPolicyGenerator`), each new version is forwarded to it.
+        num_generations: rollouts per prompt (one group).
+        groups_per_run: prompts sampled together in one run.
+        scale_rewards: ``"group"`` or ``"none"`` (`trl_ext.advantages.group_advantages`, `GRPOTrainer`'s).
+        reward_weights: one weight per reward function, in their order, as TRL's ``reward_weights`` (None: all 1).
+        queue_maxsize: bound of ``rollout_buffer`` (0: unbounded).
+        max_consecutive_errors: failed runs in a row that stop the worker.
+        chat_template_kwargs: for ``apply_chat_template``.
 
     Attributes:
         rollout_buffer, metrics_queue: what TRL's trainer drains (``RolloutWorkerProtocol``).
@@ -107,17 +124,20 @@ class ThreadedRolloutWorker:
     in_flight = "a run is still going"  # what `stop` may still be waiting for
     stale_advice = ""  # appended to the no-progress error (": <what to check>")
 
-    def _init_worker(
+    def __init__(
         self,
         *,
         dataset: Any,
         reward_funcs: Sequence[Callable[..., Any]],
         tokenizer: Any,
-        generator: Any,
-        num_generations: int,
-        groups_per_run: int,
-        queue_maxsize: int,
-        max_consecutive_errors: int,
+        generator: Any = None,
+        num_generations: int = 8,
+        groups_per_run: int = 1,
+        scale_rewards: str = "group",
+        reward_weights: Sequence[float] | None = None,
+        queue_maxsize: int = 0,
+        max_consecutive_errors: int = 3,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if len(dataset) == 0:
             raise ValueError(f"The {self.worker_name} rollout worker needs a non-empty dataset of prompts.")
@@ -125,9 +145,17 @@ class ThreadedRolloutWorker:
             raise TypeError("reward_funcs must be one or more callables (TRL's reward-function interface).")
         if num_generations < 1 or groups_per_run < 1 or max_consecutive_errors < 1:
             raise ValueError("num_generations, groups_per_run and max_consecutive_errors must be >= 1.")
+        if scale_rewards not in SCALE_REWARDS:
+            raise ValueError(
+                f"scale_rewards={scale_rewards!r}: the rollout worker scores one group at a time; set 'group' (divide "
+                "by the group's std) or 'none' (Dr. GRPO)."
+            )
         self.dataset = dataset
         self.reward_funcs = list(reward_funcs)
         self.reward_func_names = [getattr(func, "__name__", type(func).__name__) for func in self.reward_funcs]
+        self.reward_weights = checked_reward_weights(reward_weights, self.reward_func_names)
+        self.scale_rewards = scale_rewards
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.tokenizer = tokenizer
         self.generator = generator
         self.num_generations = num_generations
@@ -332,8 +360,48 @@ class ThreadedRolloutWorker:
         except queue.Full:
             pass  # never block rollouts on a trainer that stopped logging
 
+    # ------------------------------------------------------------------------------ one group's scores
+    def summed_rewards(self, per_func: Sequence[Sequence[float]], unscored: float = 0.0) -> list[float]:
+        """``(G,)`` rewards from the ``(functions, G)`` table: each completion's values weighted by ``reward_weights``
+        and summed, NaN (a None) skipped, as `GRPOTrainer`'s ``nansum``; ``unscored`` where every value is NaN (0:
+        `GRPOTrainer`'s; NaN: left out of the group advantage, `trl_ext.advantages.scored_advantages`)."""
+        rewards = []
+        for values in zip(*per_func, strict=True):
+            kept = [
+                (weight, value)
+                for weight, value in zip(self.reward_weights, values, strict=True)
+                if not math.isnan(value)
+            ]
+            rewards.append(math.fsum(weight * value for weight, value in kept) if kept else unscored)
+        return rewards
+
+    def group_advantages(self, rewards: Sequence[float]) -> list[float]:
+        """``(G,)`` advantages of one group's rewards under ``scale_rewards`` (NaN: an unscored completion, 0)."""
+        return scored_advantages(rewards, self.scale_rewards)
+
 
 # ---------------------------------------------------------------------------------- rewards (TRL's interface)
+def checked_reward_weights(reward_weights: Sequence[float] | None, names: Sequence[str]) -> list[float]:
+    """``reward_weights`` as floats, one per reward function (None: all 1)."""
+    if reward_weights is None:
+        return [1.0] * len(names)
+    if len(reward_weights) != len(names):
+        raise ValueError(
+            f"reward_weights={list(reward_weights)} has {len(reward_weights)} weight(s) for {len(names)} reward "
+            f"function(s) {list(names)}: give one weight per reward function, in their order, or None (every weight 1)."
+        )
+    return [float(weight) for weight in reward_weights]
+
+
+def population_std(rewards: Sequence[float]) -> float:
+    """The population std of the rewards that are not NaN (the ``reward_std`` metric); NaN when none is."""
+    values = [value for value in rewards if not math.isnan(value)]
+    if not values:
+        return math.nan
+    mean = sum(values) / len(values)
+    return (sum((value - mean) ** 2 for value in values) / len(values)) ** 0.5
+
+
 def as_completions(prompt: Any, texts: Sequence[str]) -> list[Any]:
     """The ``completions`` TRL passes to reward functions: conversational (one assistant message each) for a
     conversational prompt, the texts for a text prompt."""
@@ -400,8 +468,15 @@ def rollout_sample(
 ) -> RolloutSample:
     """One `RolloutSample`: ``input_ids`` = the ``P`` prompt ids + the ``C`` completion ids, ``(P + C,)``; the
     completion mask 1 over the completion only; p_old = the sampler's ``(C,)`` log-probs there (0 over the prompt).
-    The callers check the lengths (with their own words for what the ids are)."""
+    """
     num_prompt, num_completion = len(prompt_ids), len(completion_ids)
+    if not num_prompt:
+        raise ValueError("A rollout sample needs its prompt ids: TRL trains a token from the one before it.")
+    if len(logprobs) != num_completion:
+        raise ValueError(
+            f"{num_completion} completion tokens but {len(logprobs)} log-probs: the sampler must return one log-prob "
+            "per sampled token."
+        )
     return RolloutSample(
         prompt=prompt,
         completion=completion,

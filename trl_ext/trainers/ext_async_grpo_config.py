@@ -17,15 +17,18 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from trl import GRPOConfig
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
-from ..fields import document_fields, documented
+from ..advantages import SCALE_REWARDS
+from ..fields import document_fields, documented, mirror_field
 from ..losses import LOSSES
 from .ext_grpo_config import BF16_HELP, resolve_checkpointing, resolve_precision
 from .loss_arguments import LossArguments
 from .weight_sync import WEIGHT_SYNC_CHOICES
 
 __all__ = [
+    "AsyncMethodConfig",
     "ExtAsyncGRPOConfig",
     "async_loss_types",
     "check_max_staleness",
@@ -108,6 +111,38 @@ class ExtAsyncGRPOConfig(LossArguments, AsyncGRPOConfig):
     def use_adaptive_entropy(self) -> bool:
         """False: TRL's asynchronous trainer adds no entropy bonus."""
         return False
+
+
+_GROUP = "Group advantage"
+
+
+@document_fields
+@dataclass
+class AsyncMethodConfig(ExtAsyncGRPOConfig):
+    r"""
+    The settings every asynchronous method trainer (`AsyncStepwiseRLMConfig`, `AsyncJudgeCreditConfig`,
+    `AsyncRLMTConfig`) adds to [`ExtAsyncGRPOConfig`]: its rollout worker scores each group itself, with
+    `GRPOTrainer`'s ``scale_rewards`` and ``reward_weights`` (same names, same meaning).
+    """
+
+    scale_rewards: str = mirror_field(
+        GRPOConfig,
+        "scale_rewards",
+        _GROUP,
+        note="The rollout worker scores one group at a time, so 'batch' is not available here.",
+        section=_GROUP,
+    )
+    reward_weights: list[float] | None = mirror_field(GRPOConfig, "reward_weights", "Rewards", section=_GROUP)
+
+    def __post_init__(self):
+        if isinstance(self.scale_rewards, bool):  # GRPOConfig's spellings: True = 'group', False = 'none'
+            self.scale_rewards = "group" if self.scale_rewards else "none"
+        if self.scale_rewards not in SCALE_REWARDS:
+            raise ValueError(
+                f"scale_rewards={self.scale_rewards!r}: the asynchronous rollout worker scores one group at a time; "
+                "set 'group' (divide by the group's std) or 'none' (Dr. GRPO)."
+            )
+        super().__post_init__()
 
 
 def _is_int(value: Any) -> bool:

@@ -11,32 +11,27 @@ given a ``generator=``, and the group scoring the judge-credit worker builds on.
 
 from __future__ import annotations
 
-import math
+import asyncio
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
+from ..advantages import async_group_advantages
 from ..rlm.generators import Completion
-from .async_worker import ThreadedRolloutWorker, as_completions, group_metrics, reward_table, rollout_sample
+from .async_worker import (
+    ThreadedRolloutWorker,
+    as_completions,
+    group_metrics,
+    population_std,
+    reward_table,
+    rollout_sample,
+)
 
-__all__ = ["GroupRolloutWorker", "ScoredGroup", "async_group_advantages"]
+__all__ = ["GroupRolloutWorker", "ScoredGroup"]
 
-
-def async_group_advantages(rewards: Sequence[float]) -> list[float]:
-    """The group advantages of TRL's asynchronous rollout worker: ``(r − mean) / (std + 1e-8)``, population std.
-
-    Args:
-        rewards: ``(G,)`` one prompt's rewards (finite).
-
-    Returns:
-        ``(G,)`` advantages.
-    """
-    values = np.asarray(rewards, dtype=np.float64)
-    if values.ndim != 1 or values.size == 0 or not np.isfinite(values).all():
-        raise ValueError(f"rewards must be a non-empty sequence of finite numbers, got {list(rewards)}.")
-    return [float(value) for value in (values - values.mean()) / (values.std() + 1e-8)]
+# Dataset columns not passed to the reward functions (TRL's rule): the worker passes its own values under these names.
+_RESERVED_COLUMNS = ("prompt", "completion", "completion_ids")
 
 
 @dataclass
@@ -69,60 +64,45 @@ class GroupRolloutWorker(ThreadedRolloutWorker):
     """GRPO rollouts for TRL's asynchronous trainer (``rollout_worker=``), in a thread of this process.
 
     Args:
-        dataset: rows with a ``prompt`` (a string, or chat messages); every other column is passed to the reward
-            functions as TRL does.
-        reward_funcs: TRL reward functions (``prompts``, ``completions``, ``completion_ids`` and the dataset columns
-            as keyword lists).
-        tokenizer: the policy's tokenizer, with a chat template.
-        generator: the policy's sampler (`trl_ext.rlm.Generator`; `LocalPolicy`, or the served policy); when it has
-            ``update_model_version``, the worker forwards each new version to it.
-        num_generations: completions per prompt (one group).
-        groups_per_run: prompts sampled together (one generator call).
         advantage_fn: a group's ``(G,)`` rewards to its advantages (default `async_group_advantages`, TRL's
-            asynchronous worker's; the method workers pass `group_advantages`, ``GRPOTrainer``'s).
-        queue_maxsize: bound of ``rollout_buffer`` (0: unbounded).
-        max_consecutive_errors: failed runs in a row that stop the worker.
-        chat_template_kwargs: for ``apply_chat_template``.
+            asynchronous worker's; None: `GRPOTrainer`'s under ``scale_rewards``, as the method workers score).
+        worker_args: those of `ThreadedRolloutWorker` (``dataset``, ``reward_funcs``, ``tokenizer``, ``generator``,
+            ``num_generations``, ...).
     """
 
     worker_name = "GRPO"
     metric_prefix = "rollout"
     stale_advice = ": the generator may hang"
+    unscored_reward = 0.0  # a completion every reward function returned None for (`GRPOTrainer`'s nansum)
 
     def __init__(
         self,
         *,
-        dataset: Any,
-        reward_funcs: Sequence[Callable[..., Any]],
-        tokenizer: Any,
-        generator: Any = None,
-        num_generations: int = 8,
-        groups_per_run: int = 1,
-        advantage_fn: Callable[[Sequence[float]], list[float]] = async_group_advantages,
-        queue_maxsize: int = 0,
-        max_consecutive_errors: int = 3,
-        chat_template_kwargs: dict[str, Any] | None = None,
+        advantage_fn: Callable[[Sequence[float]], list[float]] | None = async_group_advantages,
+        **worker_args: Any,
     ) -> None:
-        self._init_worker(
-            dataset=dataset,
-            reward_funcs=reward_funcs,
-            tokenizer=tokenizer,
-            generator=generator,
-            num_generations=num_generations,
-            groups_per_run=groups_per_run,
-            queue_maxsize=queue_maxsize,
-            max_consecutive_errors=max_consecutive_errors,
-        )
-        self.advantage_fn = advantage_fn
-        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        super().__init__(**worker_args)
+        self.advantage_fn = self.group_advantages if advantage_fn is None else advantage_fn
+        self.last_groups: list[ScoredGroup] = []  # the groups of the last run (for inspection)
+        self._event_loop: asyncio.AbstractEventLoop | None = None  # for async reward functions, one per worker
+
+    def _on_thread_exit(self) -> None:
+        """Close the event loop of the async reward functions (it belongs to the thread)."""
+        if self._event_loop is not None:
+            self._event_loop.close()
+            self._event_loop = None
 
     # ------------------------------------------------------------------------------ one run
     def rollout(self, rows: Sequence[dict[str, Any]]) -> list[Any]:
-        """``num_generations`` completions of each of ``rows``, scored, as `RolloutSample` s."""
+        """``num_generations`` completions of each of ``rows``, scored, as `RolloutSample` s (one per completion
+        with at least one token)."""
         version = self.model_version  # the version the completions are sampled from
+        self.last_groups = self.sample_groups(rows)
         samples = []
-        for group in self.sample_groups(rows):
+        for group in self.last_groups:
             for index, completion in enumerate(group.completions):
+                if not completion.token_ids:
+                    continue
                 samples.append(
                     rollout_sample(
                         group.prompt_ids,
@@ -133,13 +113,14 @@ class GroupRolloutWorker(ThreadedRolloutWorker):
                         group_id=group.group_id,
                         metrics=group.metrics(index, self.reward_func_names),
                         prompt=group.row["prompt"],
-                        completion=group.texts[index],
+                        completion=as_completions(group.row["prompt"], [group.texts[index]])[0],
                     )
                 )
         return samples
 
     def sample_groups(self, rows: Sequence[dict[str, Any]]) -> list[ScoredGroup]:
-        """One generator call for ``num_generations`` completions of each row, then each group scored."""
+        """One generator call for ``num_generations`` completions of each row (`finish_completions`), then each
+        group scored."""
         if self.generator is None:
             raise RuntimeError(
                 f"The {self.worker_name} rollout worker has no generator: pass generator= (or let the trainer set it)."
@@ -150,10 +131,15 @@ class GroupRolloutWorker(ThreadedRolloutWorker):
         self._tick()
         if len(completions) != size:
             raise RuntimeError(f"The generator returned {len(completions)} completions for {size} prompts.")
+        completions = self.finish_completions(completions)
         return [
             self.score_group(row, ids, completions[index * self.num_generations : (index + 1) * self.num_generations])
             for index, (row, ids) in enumerate(zip(rows, prompt_ids, strict=True))
         ]
+
+    def finish_completions(self, completions: list[Completion]) -> list[Completion]:
+        """The run's completions as they are scored and trained (a method may cut them); as sampled here."""
+        return completions
 
     def prompt_ids(self, prompt: Any) -> list[int]:
         """The prompt's token ids through the chat template (a string is one user message), generation prompt added."""
@@ -164,13 +150,11 @@ class GroupRolloutWorker(ThreadedRolloutWorker):
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def score_group(self, row: dict[str, Any], prompt_ids: list[int], group: list[Completion]) -> ScoredGroup:
-        """The group's rewards (summed over the functions, None skipped: 0 where all are None, as ``GRPOTrainer``'s
-        ``nansum``) and advantages; takes a group id."""
+        """The group's rewards (`summed_rewards`; where every function returned None: `unscored_reward`) and
+        advantages; takes a group id."""
         texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in group]
         per_func = self.rewards(row, texts, [list(c.token_ids) for c in group])
-        rewards = [math.fsum(v for v in values if not math.isnan(v)) for values in zip(*per_func, strict=True)]
-        mean = sum(rewards) / len(rewards)
-        reward_std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
+        rewards = self.summed_rewards(per_func, unscored=self.unscored_reward)
         group_id, self.groups = self.groups, self.groups + 1
         return ScoredGroup(
             row=row,
@@ -180,18 +164,34 @@ class GroupRolloutWorker(ThreadedRolloutWorker):
             per_func=per_func,
             rewards=rewards,
             advantages=self.advantage_fn(rewards),
-            reward_std=reward_std,
+            reward_std=population_std(rewards),
             group_id=group_id,
         )
 
     def rewards(self, row: dict[str, Any], texts: list[str], ids: list[list[int]]) -> list[list[float]]:
-        """``(functions, G)`` rewards (None -> NaN); the prompt's columns passed as TRL does."""
+        """``(functions, G)`` rewards (None -> NaN), the functions called as `GRPOTrainer` calls them: ``prompts``,
+        ``completions`` (conversational for a conversational prompt), ``completion_ids``, every dataset column but
+        ``prompt``/``completion``/``completion_ids``, and ``log_metric``; an ``async def`` function is awaited on the
+        worker's own event loop."""
         size = len(texts)
-        columns = {key: [value] * size for key, value in row.items() if key != "prompt"}
+        columns = {key: [value] * size for key, value in row.items() if key not in _RESERVED_COLUMNS}
         kwargs = dict(
             prompts=[row["prompt"]] * size,
             completions=as_completions(row["prompt"], texts),
             completion_ids=ids,
+            log_metric=self._reward_metric,
             **columns,
         )
-        return reward_table(self.reward_funcs, self.reward_func_names, kwargs, size)
+        return reward_table(self.reward_funcs, self.reward_func_names, kwargs, size, resolve=self._resolve)
+
+    def _resolve(self, values: Any) -> Any:
+        """An async reward function's rewards, awaited on the worker's own event loop."""
+        if not inspect.isawaitable(values):
+            return values
+        if self._event_loop is None:
+            self._event_loop = asyncio.new_event_loop()
+        return self._event_loop.run_until_complete(values)
+
+    def _reward_metric(self, name: str, value: float) -> None:
+        """A reward function's metric (TRL's ``log_metric``): logged as the mean over the logging window."""
+        self._push_metrics({name: float(value)})

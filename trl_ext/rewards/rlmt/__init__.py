@@ -5,7 +5,7 @@ write a plan ``z`` before the response ``y`` and maximises ``E[r(y, x)]`` where 
 the plan. This package holds the pieces that are not the trainer (`trl_ext.trainers.rlmt` wires them together):
 
 - `formats`: the ``"instruct"`` and ``"zero"`` prompt formats (`rlmt_prompt`, `original_prompt`,
-  `rlmt_format_dataset`) and their stop strings (`truncate_at_stop`, `stop_token_cut`);
+  `rlmt_format_dataset`) and their stop strings (`truncate_at_stop`, `stop_token_cut`, `cut_at_stop`);
 - `thinking`: `split_thinking`, ``(thinking, response, well_formed)`` from a completion;
 - `scorers`: `RewardModelScorer` (a local ``transformers`` reward model) and `ServedRewardModelScorer` (a vLLM-served
   one), TRL reward functions that score ``prompt + response`` only;
@@ -28,6 +28,7 @@ from .formats import (
     ZERO_PROMPT_TEMPLATE,
     ZERO_STOP_STRING,
     Format,
+    cut_at_stop,
     original_prompt,
     rlmt_format_dataset,
     rlmt_prompt,
@@ -54,6 +55,7 @@ __all__ = [
     "ServedRewardModelScorer",
     "ThinkingSplit",
     "build_dpo_pairs",
+    "cut_at_stop",
     "original_prompt",
     "rlmt_format_dataset",
     "rlmt_prompt",

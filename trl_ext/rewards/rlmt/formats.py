@@ -187,3 +187,29 @@ def stop_token_cut(token_ids: Sequence[int], tokenizer: Any, stop_strings: Seque
         else:
             low = middle + 1
     return low
+
+
+def cut_at_stop(
+    token_ids: Sequence[int], logprobs: Sequence[float], tokenizer: Any, stop_strings: Sequence[str]
+) -> tuple[list[int], list[float], bool]:
+    """A completion ending with the token that completes its first stop string (`stop_token_cut`), with its log-probs.
+
+    Args:
+        token_ids: ``(C,)`` the sampled completion.
+        logprobs: ``(C,)`` the sampler's log-prob of each token.
+        tokenizer: decodes the completion to find the stop strings.
+        stop_strings: e.g. ``["</response>"]``; none: nothing is cut.
+
+    Returns:
+        ``(ids, logprobs, cut)``: the first ``K <= C`` tokens and their log-probs, and whether ``K < C`` (tokens were
+        sampled past the stop: they are neither scored nor trained).
+    """
+    if len(token_ids) != len(logprobs):
+        raise ValueError(
+            f"{len(token_ids)} completion tokens but {len(logprobs)} log-probs: the sampler must return one log-prob "
+            "per sampled token."
+        )
+    keep = stop_token_cut(token_ids, tokenizer, stop_strings) if stop_strings else None
+    if keep is None or keep >= len(token_ids):
+        return list(token_ids), [float(value) for value in logprobs], False
+    return list(token_ids[:keep]), [float(value) for value in logprobs[:keep]], True

@@ -3,7 +3,7 @@
 A background thread of the trainer process loops: for ``groups_per_run`` prompts of the dataset (in order,
 cycling), ``num_generations`` completions each from the policy (one batched generator call: ``vllm serve``'s latest
 published adapter, `ServedPolicyGenerator`); the verifier rewards (the reward functions, summed; None is skipped);
-the group advantage ``A`` (`group_advantages`); then one judge conversation per rollout (`SpanJudge`, on the
+the group advantage ``A`` (`trl_ext.advantages.group_advantages`); then one judge conversation per rollout (`SpanJudge`, on the
 worker's own event loop, every call of the run concurrently), its spans turned into ``cap_λ(c)`` (`rollout_credit`);
 and one `RolloutSample` per rollout (`judged_sample`) into ``rollout_buffer``. The judge's time is the worker's, so
 it overlaps training.
@@ -29,9 +29,7 @@ from ...judge.batch import JudgeOutage, collect_verdict, optional_text, prompt_t
 from ...judge.event_loop import BackgroundEventLoop
 from ...judge.judge import JudgeRequest, JudgeVerdict, SpanJudge, extract_final_answer
 from ...judge.markers import build_marked_trace
-from ...rlm.generators import Generator
 from ...text import last_user_text
-from ..async_rlm.samples import group_advantages
 from ..group_worker import GroupRolloutWorker, ScoredGroup
 from .samples import judged_sample, rollout_credit
 
@@ -44,27 +42,18 @@ class JudgeRolloutWorker(GroupRolloutWorker):
     """Judged rollouts for TRL's asynchronous trainer (``rollout_worker=``), in a thread of this process.
 
     Args:
-        dataset: rows with a ``prompt`` (a string, or chat messages); every column is passed to the reward functions,
-            ``answer_column`` / ``solution_column`` are shown to the judge when present.
-        reward_funcs: TRL reward functions (``prompts``, ``completions``, ``completion_ids`` and the dataset columns as
-            keyword lists); the rewards of several functions are summed (None: skipped).
-        tokenizer: the policy's tokenizer (with a chat template; the judge reads its decoded tokens).
-        generator: the policy's sampler (`trl_ext.rlm.Generator`); when it has ``update_model_version`` (e.g.
-            `ServedPolicyGenerator`), the worker forwards each new version to it.
         judge: the `SpanJudge`; its ``label_scores`` score the spans.
-        num_generations: completions per prompt (one group).
-        groups_per_run: prompts sampled together (one generator call, their judge calls concurrent).
-        scale_rewards: ``"none"`` (Dr. GRPO) or ``"group"`` (`group_advantages`).
         judge_lambda: λ of the cap (`rollout_credit`).
         marker_every: the judge's markers (`build_marked_trace`).
         verdict_reward: the index of the reward function whose value the judge is shown, or None for the total.
-        answer_column, solution_column: the dataset columns of the reference answer / worked solution.
+        answer_column, solution_column: the dataset columns of the reference answer / worked solution (shown to the
+            judge when present).
         audit: where every verdict is appended (None: not recorded).
         step: the trainer's global step, for the audit records and the outage log.
-        queue_maxsize: bound of ``rollout_buffer`` (0: unbounded).
-        max_consecutive_errors: failed runs in a row that stop the worker.
         outage_loud_batches: runs in which every judge call failed before the outage warning becomes an error.
-        chat_template_kwargs: for ``apply_chat_template``.
+        worker_args: those of `ThreadedRolloutWorker` (``dataset``, ``reward_funcs``, ``tokenizer`` (the judge reads
+            its decoded tokens), ``generator``, ``num_generations``, ``groups_per_run`` (their judge calls
+            concurrent), ``scale_rewards`` (``"none"`` here by default: Dr. GRPO), ...).
 
     Attributes:
         rollout_buffer, metrics_queue: what TRL's trainer drains (``RolloutWorkerProtocol``).
@@ -79,14 +68,7 @@ class JudgeRolloutWorker(GroupRolloutWorker):
     def __init__(
         self,
         *,
-        dataset: Any,
-        reward_funcs: Sequence[Callable[..., list[float | None]]],
-        tokenizer: Any,
-        generator: Generator | None,
         judge: SpanJudge,
-        num_generations: int,
-        groups_per_run: int = 1,
-        scale_rewards: str = "none",
         judge_lambda: float = 0.25,
         marker_every: int = 64,
         verdict_reward: int | None = None,
@@ -94,28 +76,14 @@ class JudgeRolloutWorker(GroupRolloutWorker):
         solution_column: str = "solution",
         audit: JudgeAuditLog | None = None,
         step: Callable[[], int] = lambda: 0,
-        queue_maxsize: int = 0,
-        max_consecutive_errors: int = 3,
         outage_loud_batches: int = 5,
-        chat_template_kwargs: dict[str, Any] | None = None,
+        **worker_args: Any,
     ) -> None:
-        group_advantages([0.0], scale_rewards)  # names a bad scale_rewards now
-        super().__init__(
-            dataset=dataset,
-            reward_funcs=reward_funcs,
-            tokenizer=tokenizer,
-            generator=generator,
-            num_generations=num_generations,
-            groups_per_run=groups_per_run,
-            advantage_fn=lambda rewards: group_advantages(rewards, scale_rewards),
-            queue_maxsize=queue_maxsize,
-            max_consecutive_errors=max_consecutive_errors,
-            chat_template_kwargs=chat_template_kwargs,
-        )
-        if verdict_reward is not None and not 0 <= verdict_reward < len(reward_funcs):
+        worker_args.setdefault("scale_rewards", "none")
+        super().__init__(advantage_fn=None, **worker_args)
+        if verdict_reward is not None and not 0 <= verdict_reward < len(self.reward_funcs):
             raise ValueError(f"verdict_reward={verdict_reward} is not the index of one of the reward functions.")
         self.judge = judge
-        self.scale_rewards = scale_rewards
         self.judge_lambda = judge_lambda
         self.marker_every = marker_every
         self.verdict_reward = verdict_reward
@@ -123,7 +91,7 @@ class JudgeRolloutWorker(GroupRolloutWorker):
         self.audit = audit
         self.step = step
         self.outage_loud_batches = outage_loud_batches
-        self.stop_ids = {t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None}
+        self.stop_ids = {t for t in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if t is not None}
         self.last_verdicts: list[JudgeVerdict] = []
         self._outage = JudgeOutage(judge.client, log=logger)
         self._loop: BackgroundEventLoop | None = None

@@ -3,12 +3,12 @@
 - `AsyncStepwiseRLMTrainer` / `AsyncStepwiseRLMConfig`: the trainer and its settings (`StepwiseRLMConfig`'s names).
 - `RLMRolloutWorker`: TRL's ``RolloutWorkerProtocol``: RLM trees in a thread, one sample per turn of every node.
 - `ServedPolicyGenerator`: the engine's generator against ``vllm serve`` (the latest published adapter).
-- `tree_samples`, `group_advantages`: the pure step from scored trees to TRL's samples and their loss weights.
+- `tree_samples`: the pure step from scored trees to TRL's samples and their loss weights.
 """
 
 from .config import AsyncStepwiseRLMConfig
 from .generator import ServedPolicyGenerator
-from .samples import group_advantages, tree_samples
+from .samples import tree_samples
 from .trainer import AsyncStepwiseRLMTrainer
 from .worker import RLMRolloutWorker
 
@@ -17,6 +17,5 @@ __all__ = [
     "AsyncStepwiseRLMTrainer",
     "RLMRolloutWorker",
     "ServedPolicyGenerator",
-    "group_advantages",
     "tree_samples",
 ]

@@ -1,7 +1,7 @@
 """Pure functions from scored RLM rollout trees to TRL's asynchronous training samples (docs/stepwise_rlm.md).
 
 One prompt's ``G`` trees form one group: rewards on the roots' final answers (a root that never answered gets 0),
-the group advantage as the synchronous trainer computes it (`group_advantages`), then one `RolloutSample` per turn of
+the group advantage as the synchronous trainer computes it (`trl_ext.advantages.group_advantages`), then one `RolloutSample` per turn of
 every trained node (`tree_samples`): input_ids = the exact prompt ids the generator saw + the action ids, the
 completion mask over the action, the sampler's log-probs as p_old, the root's advantage, and under
 ``rlm_loss_normalization="subtree"`` the node's per-token weight ``W(v)/n_v`` with the sample's share of its root
@@ -11,39 +11,14 @@ completion mask over the action, the sampler's log-probs as p_old, the root's ad
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
-
-import numpy as np
 
 from ...rlm import RolloutTree
 from ..async_seam import RolloutSample, weighted_sample_metrics
 from ..async_worker import rollout_sample
 
-__all__ = ["group_advantages", "tree_samples"]
-
-
-def group_advantages(rewards: Sequence[float], scale_rewards: str = "group") -> list[float]:
-    """TRL's group advantage of ``G`` rewards, as `GRPOTrainer` (and so `StepwiseRLMTrainer`) computes it.
-
-    Args:
-        rewards: ``(G,)`` the rewards of one prompt's roots.
-        scale_rewards: ``"group"``: ``(r − mean) / (std + 1e-4)`` with the unbiased std (0 for one reward);
-            ``"none"``: ``r − mean`` (Dr. GRPO).
-
-    Returns:
-        ``(G,)`` advantages.
-    """
-    if scale_rewards not in ("group", "none"):
-        raise ValueError(f"scale_rewards={scale_rewards!r}: set 'group' or 'none'.")
-    values = np.asarray(rewards, dtype=np.float64)
-    if values.ndim != 1 or values.size == 0 or not np.isfinite(values).all():
-        raise ValueError(f"rewards must be a non-empty sequence of finite numbers, got {list(rewards)}.")
-    centred = values - values.mean()
-    if scale_rewards == "group":
-        std = values.std(ddof=1) if values.size > 1 else 0.0
-        centred = centred / (std + 1e-4)
-    return [float(value) for value in centred]
+__all__ = ["tree_samples"]
 
 
 def tree_samples(

@@ -63,7 +63,6 @@ class AsyncStepwiseRLMTrainer(AsyncMethodTrainer):
             **worker_kwargs,
             scaffold=args.scaffold_config(),
             context_column=args.context_column,
-            reward_weights=args.reward_weights,
             weighted=args.rlm_loss_normalization == "subtree",
             train_children=args.train_children,
             child_sampling=args.child_sampling,

@@ -4,7 +4,7 @@ A background thread of the trainer process runs `RLMEngine` (its REPLs are sandb
 spawned child is not needed): for each prompt of the dataset, in order and cycling, ``num_generations`` root rollouts
 (their children included, ``rlm_query_batched`` batched by the engine) against the policy; rewards from the reward
 functions on the roots' final answers (a root that never answered gets 0, as in `StepwiseRLMTrainer`); the group
-advantage (`group_advantages`); then one `RolloutSample` per turn of every trained node (`tree_samples`) into
+advantage (`trl_ext.advantages.group_advantages`); then one `RolloutSample` per turn of every trained node (`tree_samples`) into
 ``rollout_buffer``, which TRL's trainer drains.
 
 Policy version. Every sample of a run is tagged with the version live when the run started: the version its trees'
@@ -27,7 +27,6 @@ to, or overwrites, an earlier run's.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 import re
@@ -40,8 +39,8 @@ from ...rlm import RLMEngine, RLMScaffoldConfig, RLMTask, RolloutTree
 from ...rlm.generators import CanonicalOrderGenerator, Completion, Generator
 from ...rlm.metrics import rollout_metrics
 from ...text import last_user_text
-from ..async_worker import ThreadedRolloutWorker, as_completions, group_metrics, reward_table
-from .samples import group_advantages, tree_samples
+from ..async_worker import ThreadedRolloutWorker, as_completions, group_metrics, population_std, reward_table
+from .samples import tree_samples
 
 logger = logging.getLogger(__name__)
 
@@ -69,28 +68,17 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
     """Stepwise RLM rollouts for TRL's asynchronous trainer (``rollout_worker=``), in a thread of this process.
 
     Args:
-        dataset: rows with a ``prompt`` (a string, or chat messages: the last user message is the task) and,
-            optionally, ``context_column``; every column is passed to the reward functions.
-        reward_funcs: TRL reward functions (``prompts``, ``completions``, ``completion_ids`` and the dataset
-            columns as keyword lists, plus ``rlm_has_answer``); rewards of several functions are summed with
-            ``reward_weights`` (None: skipped).
-        tokenizer: the policy's tokenizer (with a chat template).
-        generator: the policy's sampler (`trl_ext.rlm.Generator`); when it has ``update_model_version`` (e.g.
-            `ServedPolicyGenerator`), the worker forwards each new version to it.
         scaffold: the RLM scaffold and sandbox settings.
-        num_generations: roots per prompt (one group).
-        groups_per_run: prompts whose trees one engine run samples together (their generations share waves).
         context_column: the dataset column with each task's REPL context (absent: the prompt is the context).
-        scale_rewards: ``"group"`` or ``"none"`` (`group_advantages`).
-        reward_weights: one weight per reward function, in their order (None: every weight 1), as TRL's
-            ``reward_weights``: a root's reward is the weighted sum of its functions' rewards.
         weighted: carry the "subtree" loss weights (``rlm_loss_normalization="subtree"``).
         train_children, child_sampling: which nodes are trained (`trl_ext.advantages.trained_node_weights`).
         trees_dir: the folder every run's trees are written to (module docstring); None: not written.
-        queue_maxsize: bound of ``rollout_buffer`` (0: unbounded).
-        max_consecutive_errors: failed runs in a row that stop the worker.
         seed: seeds the ``child_sampling="one"`` draws.
-        chat_template_kwargs: for the engine's ``apply_chat_template``.
+        worker_args: those of `ThreadedRolloutWorker`: ``dataset`` (rows with a ``prompt``, a string or chat
+            messages whose last user message is the task), ``reward_funcs`` (given each root's final answer as the
+            completion, plus ``rlm_has_answer``), ``tokenizer``, ``generator``, ``num_generations`` (roots per
+            prompt), ``groups_per_run`` (prompts whose trees one engine run samples together), ``scale_rewards``,
+            ``reward_weights``, ...
 
     Attributes:
         rollout_buffer, metrics_queue: what TRL's trainer drains (``RolloutWorkerProtocol``).
@@ -106,43 +94,21 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
     def __init__(
         self,
         *,
-        dataset: Any,
-        reward_funcs: Sequence[Callable[..., list[float | None]]],
-        tokenizer: Any,
-        generator: Generator,
         scaffold: RLMScaffoldConfig,
-        num_generations: int,
-        groups_per_run: int = 1,
         context_column: str = "context",
-        scale_rewards: str = "group",
-        reward_weights: Sequence[float] | None = None,
         weighted: bool = True,
         train_children: bool = True,
         child_sampling: str = "all",
         trees_dir: str | os.PathLike[str] | None = None,
-        queue_maxsize: int = 0,
-        max_consecutive_errors: int = 3,
         seed: int = 0,
-        chat_template_kwargs: dict[str, Any] | None = None,
+        **worker_args: Any,
     ) -> None:
-        self._init_worker(
-            dataset=dataset,
-            reward_funcs=reward_funcs,
-            tokenizer=tokenizer,
-            generator=generator,
-            num_generations=num_generations,
-            groups_per_run=groups_per_run,
-            queue_maxsize=queue_maxsize,
-            max_consecutive_errors=max_consecutive_errors,
-        )
+        super().__init__(**worker_args)
         self.scaffold = scaffold
         self.context_column = context_column
-        self.scale_rewards = scale_rewards
-        self.reward_weights = _checked_weights(reward_weights, self.reward_func_names)
         self.weighted = weighted
         self.train_children = train_children
         self.child_sampling = child_sampling
-        self.chat_template_kwargs = chat_template_kwargs
         self.last_trees: list[RolloutTree] = []  # the trees of the last run (for inspection)
         self.trees_dir = None if trees_dir is None else Path(trees_dir)
         self.runs = _next_run(self.trees_dir)
@@ -174,18 +140,10 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
     def _group_samples(self, row: dict[str, Any], trees: list[RolloutTree], version: int) -> list[Any]:
         answers = [tree.final_answer for tree in trees]
         per_func = self._rewards(row, answers)
-        rewards = [
-            0.0
-            if answer is None
-            else math.fsum(
-                weight * value
-                for weight, value in zip(self.reward_weights, values, strict=True)
-                if not math.isnan(value)
-            )
-            for answer, values in zip(answers, zip(*per_func, strict=True), strict=True)
-        ]
-        advantages = group_advantages(rewards, self.scale_rewards)
-        reward_std = float(sum((r - sum(rewards) / len(rewards)) ** 2 for r in rewards) / len(rewards)) ** 0.5
+        # A root that never answered gets 0, whatever the functions make of "" (as `StepwiseRLMTrainer`).
+        rewards = [0.0 if answer is None else reward for answer, reward in zip(answers, self.summed_rewards(per_func))]
+        advantages = self.group_advantages(rewards)
+        reward_std = population_std(rewards)
         group_id, self.groups = self.groups, self.groups + 1
         samples = []
         for tree_index, (tree, advantage, reward) in enumerate(zip(trees, advantages, rewards, strict=True)):
@@ -234,18 +192,6 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
         left out: TRL reduces the rest over the log window."""
         metrics = rollout_metrics(trees, stats, num_samples)
         self._push_metrics({k: v for k, v in metrics.items() if not (isinstance(v, tuple) and not v[1])})
-
-
-def _checked_weights(reward_weights: Sequence[float] | None, names: Sequence[str]) -> list[float]:
-    """``reward_weights`` as floats, one per reward function (None: all 1)."""
-    if reward_weights is None:
-        return [1.0] * len(names)
-    if len(reward_weights) != len(names):
-        raise ValueError(
-            f"reward_weights={list(reward_weights)} has {len(reward_weights)} weight(s) for {len(names)} reward "
-            f"function(s) {list(names)}: give one weight per reward function, in their order, or None (every weight 1)."
-        )
-    return [float(weight) for weight in reward_weights]
 
 
 def _next_run(folder: Path | None) -> int:

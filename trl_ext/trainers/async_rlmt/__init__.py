@@ -5,12 +5,10 @@
   in-process, in a thread.
 - `ServedGroupGenerator`: a group's completions from ``vllm serve`` in one request (``n`` = group size, the stop
   strings as ``stop``).
-- `cut_at_stop`, `scored_advantages`, `completion_sample`: the pure steps from completions to TRL's samples.
 """
 
 from ..async_rlm.generator import ServedGroupGenerator, group_size
 from .config import AsyncRLMTConfig
-from .samples import completion_sample, cut_at_stop, scored_advantages
 from .trainer import AsyncRLMTTrainer, reward_model_scorer
 from .worker import RLMTRolloutWorker
 
@@ -19,9 +17,6 @@ __all__ = [
     "AsyncRLMTTrainer",
     "RLMTRolloutWorker",
     "ServedGroupGenerator",
-    "completion_sample",
-    "cut_at_stop",
     "group_size",
     "reward_model_scorer",
-    "scored_advantages",
 ]
