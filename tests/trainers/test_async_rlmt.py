@@ -14,6 +14,7 @@ from datasets import Dataset
 from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollout
 from trl.experimental.async_grpo.packing import TreeRow
 
+from trl_ext.advantages import group_advantages
 from trl_ext.rewards.rlmt import (
     INSTRUCT_SYSTEM_PROMPT,
     ORIGINAL_PROMPT_COLUMN,
@@ -21,7 +22,6 @@ from trl_ext.rewards.rlmt import (
     RewardModelScorer,
     cut_at_stop,
 )
-from trl_ext.advantages import group_advantages
 from trl_ext.rlm.generators import Completion
 from trl_ext.testing import build_tiny_reward_model, build_tiny_tokenizer
 from trl_ext.trainers.async_rlmt import (

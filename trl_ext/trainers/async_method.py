@@ -108,7 +108,8 @@ class AsyncMethodTrainer(ExtAsyncGRPOTrainer):
         """The method's rollout worker (TRL's ``RolloutWorkerProtocol``), or None where this process runs no
         rollouts (TRL runs them on the main process only). ``worker_kwargs``: what every method's worker takes
         (``dataset``, ``reward_funcs``, ``tokenizer``, ``generator``, ``num_generations``, ``groups_per_run``,
-        ``scale_rewards``, ``reward_weights``, ``queue_maxsize``, ``chat_template_kwargs``), from the trainer's arguments and ``args``."""
+        ``scale_rewards``, ``reward_weights``, ``queue_maxsize``, ``chat_template_kwargs``), from the trainer's
+        arguments and ``args``."""
         raise NotImplementedError(f"{type(self).__name__} must implement build_rollout_worker.")
 
     def method_inputs(

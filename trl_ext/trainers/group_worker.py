@@ -1,12 +1,12 @@
 """`GroupRolloutWorker`: plain GRPO rollouts for TRL's asynchronous trainer from any `trl_ext.rlm.Generator`.
 
-TRL's own rollout worker samples from ``vllm serve`` in a spawned process. This one is a thread of the trainer
-process (`ThreadedRolloutWorker`) that samples from the generator it is given: `LocalPolicy` (no server) or the
-served policy. One run, for ``groups_per_run`` prompts of the dataset (in order, cycling): ``num_generations``
-completions each in one generator call; the reward functions called with TRL's keyword lists (the rewards of
-several functions summed; None skipped); the group advantages (``advantage_fn``: TRL's asynchronous worker's by
-default, `async_group_advantages`); one `RolloutSample` per completion. It is what `ExtAsyncGRPOTrainer` trains on when it is
-given a ``generator=``, and the group scoring the judge-credit worker builds on.
+TRL's own rollout worker samples from ``vllm serve`` in a spawned process. This one is a thread of the trainer process
+(`ThreadedRolloutWorker`) that samples from the generator it is given: `LocalPolicy` (no server) or the served policy.
+One run, for ``groups_per_run`` prompts of the dataset (in order, cycling): ``num_generations`` completions each in one
+generator call; the reward functions called with TRL's keyword lists (the rewards of several functions weighted by
+``reward_weights`` and summed; None skipped); the group advantages (``advantage_fn``: TRL's asynchronous worker's by
+default, `async_group_advantages`); one `RolloutSample` per completion. It is what `ExtAsyncGRPOTrainer` trains on when
+it is given a ``generator=``, and the group scoring the judge-credit worker builds on.
 """
 
 from __future__ import annotations

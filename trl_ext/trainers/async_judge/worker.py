@@ -1,12 +1,12 @@
 """`JudgeRolloutWorker`: TRL's ``RolloutWorkerProtocol`` producing judged samples (docs/judge_credit.md).
 
-A background thread of the trainer process loops: for ``groups_per_run`` prompts of the dataset (in order,
-cycling), ``num_generations`` completions each from the policy (one batched generator call: ``vllm serve``'s latest
-published adapter, `ServedPolicyGenerator`); the verifier rewards (the reward functions, summed; None is skipped);
-the group advantage ``A`` (`trl_ext.advantages.group_advantages`); then one judge conversation per rollout (`SpanJudge`, on the
+A background thread of the trainer process loops: for ``groups_per_run`` prompts of the dataset (in order, cycling),
+``num_generations`` completions each from the policy (one batched generator call: ``vllm serve``'s latest published
+adapter, `ServedPolicyGenerator`); the verifier rewards (the reward functions, weighted and summed; None is skipped); the group
+advantage ``A`` (`trl_ext.advantages.group_advantages`); then one judge conversation per rollout (`SpanJudge`, on the
 worker's own event loop, every call of the run concurrently), its spans turned into ``cap_λ(c)`` (`rollout_credit`);
-and one `RolloutSample` per rollout (`judged_sample`) into ``rollout_buffer``. The judge's time is the worker's, so
-it overlaps training.
+and one `RolloutSample` per rollout (`judged_sample`) into ``rollout_buffer``. The judge's time is the worker's, so it
+overlaps training.
 
 Faults. A judge fault (endpoint down, 429/5xx after retries, timeout, unparseable answer, a crash) gives that rollout
 zero credit: it keeps its outcome advantage, is counted in ``judge/failure_ratio`` and recorded in the audit log,

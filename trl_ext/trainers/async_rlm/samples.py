@@ -1,9 +1,9 @@
 """Pure functions from scored RLM rollout trees to TRL's asynchronous training samples (docs/stepwise_rlm.md).
 
-One prompt's ``G`` trees form one group: rewards on the roots' final answers (a root that never answered gets 0),
-the group advantage as the synchronous trainer computes it (`trl_ext.advantages.group_advantages`), then one `RolloutSample` per turn of
-every trained node (`tree_samples`): input_ids = the exact prompt ids the generator saw + the action ids, the
-completion mask over the action, the sampler's log-probs as p_old, the root's advantage, and under
+One prompt's ``G`` trees form one group: rewards on the roots' final answers (a root that never answered gets 0), the
+group advantage as the synchronous trainer computes it (`trl_ext.advantages.group_advantages`), then one
+`RolloutSample` per turn of every trained node (`tree_samples`): input_ids = the exact prompt ids the generator saw +
+the action ids, the completion mask over the action, the sampler's log-probs as p_old, the root's advantage, and under
 ``rlm_loss_normalization="subtree"`` the node's per-token weight ``W(v)/n_v`` with the sample's share of its root
 (`trl_ext.trainers.async_seam.weighted_sample_metrics`), which the loss turns into ``mean_g L_subtree(root_g)``.
 """

@@ -4,8 +4,8 @@ A background thread of the trainer process runs `RLMEngine` (its REPLs are sandb
 spawned child is not needed): for each prompt of the dataset, in order and cycling, ``num_generations`` root rollouts
 (their children included, ``rlm_query_batched`` batched by the engine) against the policy; rewards from the reward
 functions on the roots' final answers (a root that never answered gets 0, as in `StepwiseRLMTrainer`); the group
-advantage (`trl_ext.advantages.group_advantages`); then one `RolloutSample` per turn of every trained node (`tree_samples`) into
-``rollout_buffer``, which TRL's trainer drains.
+advantage (`trl_ext.advantages.group_advantages`); then one `RolloutSample` per turn of every trained node
+(`tree_samples`) into ``rollout_buffer``, which TRL's trainer drains.
 
 Policy version. Every sample of a run is tagged with the version live when the run started: the version its trees'
 first turns were sampled from. A tree spans versions (a sync can land between its turns); tagging it with its oldest
