@@ -244,7 +244,7 @@ def test_quickstart_fast_end_to_end(tmp_path, capsys):
         "trl_ext_run.json",
     ):
         assert (tmp_path / path).is_file(), path
-    assert list((tmp_path / "rlm_trees").glob("train-step*.jsonl"))
+    assert list((tmp_path / "rlm_trees").glob("train-v*.jsonl"))
     info = json.loads((tmp_path / "trl_ext_run.json").read_text())
     fast = QuickstartSettings.fast()
     assert info["trainer"] == "StepwiseRLMTrainer" and info["config"]["loss_type"] == "ipo"

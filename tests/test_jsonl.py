@@ -245,7 +245,7 @@ def _trainer_view(output_dir: Path) -> SimpleNamespace:
 def test_save_trees_references_survive_a_torn_line(tmp_path):
     trainer = _trainer_view(tmp_path)
     first = StepwiseRLMTrainer._save_trees(trainer, [_Tree("a"), _Tree("b")])
-    path = tmp_path / "rlm_trees" / "train-step000003-rank0.jsonl"
+    path = tmp_path / "rlm_trees" / "train-v000003-rank0.jsonl"
     assert first == [f"{path}#0", f"{path}#1"]
     with path.open("a", encoding="utf-8") as handle:
         handle.write('{"tree": "c"')  # a write killed halfway
@@ -260,4 +260,4 @@ def test_save_trees_that_cannot_be_written_do_not_stop_training(tmp_path, caplog
     with caplog.at_level(logging.WARNING):
         references = StepwiseRLMTrainer._save_trees(_trainer_view(tmp_path), [_Tree("a"), _Tree("b")])
     assert len(references) == 2 and all(reference.startswith("not saved: ") for reference in references)
-    assert "train-step000003-rank0.jsonl" in caplog.text and "training goes on" in caplog.text
+    assert "train-v000003-rank0.jsonl" in caplog.text and "training goes on" in caplog.text

@@ -301,14 +301,14 @@ def test_train_command_resumes_from_the_latest_complete_checkpoint(tiny, tmp_pat
     recipe = write_recipe(tmp_path / "toy.yaml", **fields)
     assert main(["train", str(recipe)]) == 0
     (output / "checkpoint-2").mkdir()  # what a kill while saving step 2 leaves: no trainer_state.json
-    (output / "rlm_trees" / "train-step000001-rank0.jsonl").write_text('{"a stale": "tree"}\n')  # a killed step 2
+    (output / "rlm_trees" / "train-v000001-rank0.jsonl").write_text('{"a stale": "tree"}\n')  # a killed step 2
     with caplog.at_level("WARNING", logger="trl_ext.checkpoints"):
         assert main(["train", str(recipe), "--max_steps", "2", "--resume_from_checkpoint", "true"]) == 0
     assert "Skipping the incomplete checkpoint" in caplog.text and "checkpoint-2" in caplog.text
     info = json.loads((output / "trl_ext_run.json").read_text())
     assert info["steps"] == 2
     trees = sorted((output / "rlm_trees").glob("*.jsonl"))
-    assert [path.name for path in trees] == ["train-step000000-rank0.jsonl", "train-step000001-rank0.jsonl"]
+    assert [path.name for path in trees] == ["train-step000000-rank0.jsonl", "train-v000001-rank0.jsonl"]
     assert all(len(path.read_text().splitlines()) == 8 for path in trees)  # 8 roots a step, none twice
 
 
@@ -340,7 +340,7 @@ def test_train_command_runs_in_two_processes(tiny, tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout.count("trl-ext train: done") == 1
     trees = sorted(path.name for path in (output / "rlm_trees").glob("*.jsonl"))
-    assert trees == [f"train-step{step:06d}-rank{rank}.jsonl" for step in (0, 1) for rank in (0, 1)]
+    assert trees == [f"train-v{step:06d}-rank{rank}.jsonl" for step in (0, 1) for rank in (0, 1)]
     info = json.loads((output / "trl_ext_run.json").read_text())
     assert info["steps"] == 2
     host = sandbox.isolation_report(sandbox.SandboxLimits())  # what the REPLs of the run were isolated from

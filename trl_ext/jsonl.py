@@ -1,8 +1,8 @@
 """Append-only JSON-lines files that stay valid after any failed write, and JSON files replaced atomically.
 
 trl-ext keeps its logs as JSON lines (one JSON object a line): the judge audit log (``judge_audit.jsonl``) and the
-rollout trees (``rlm_trees/<mode>-step<NNNNNN>-rank<k>.jsonl``). A write that fails halfway (disk full, file too
-large, a process killed) must never leave them unreadable. The contract:
+rollout trees (``rlm_trees/<mode>-v<NNNNNN>-<writer>.jsonl``, `trl_ext.rlm.tree_files`). A write that fails halfway
+(disk full, file too large, a process killed) must never leave them unreadable. The contract:
 
 * `append_jsonl` writes every record of a call or none: on an ``OSError`` it truncates the file back to its size
   before the write and re-raises the error with a message naming the file (and, when the disk is full, the fix).

@@ -17,6 +17,7 @@ from trl.experimental.async_grpo.packing import TreeRow
 
 from trl_ext.advantages import group_advantages
 from trl_ext.rlm import RLMScaffoldConfig, ScriptedGenerator
+from trl_ext.rlm.tree_files import TREES_FOLDER
 from trl_ext.testing import RLM_SCRIPT_TURNS, VariantGenerator, build_tiny_model_and_tokenizer, yes_reward
 from trl_ext.trainers import ExtAsyncGRPOConfig
 from trl_ext.trainers.async_rlm import (
@@ -25,7 +26,6 @@ from trl_ext.trainers.async_rlm import (
     RLMRolloutWorker,
     tree_samples,
 )
-from trl_ext.trainers.async_rlm.worker import TREES_FOLDER
 from trl_ext.trainers.async_seam import LossWeightCollator
 from trl_ext.trainers.stepwise_rlm_config import StepwiseRLMConfig
 

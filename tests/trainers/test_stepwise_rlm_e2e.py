@@ -79,7 +79,7 @@ def test_tiny_model_trains_stepwise_with_lora(tmp_path):
     assert 0.0 < first["reward"] < 1.0, "the cold-started policy should answer yes only sometimes"
     changed = [n for n, p in trainer.model.named_parameters() if "lora_" in n and not torch.equal(p, lora_before[n])]
     assert changed, "no LoRA weight changed"
-    assert list((tmp_path / "rlm_trees").glob("train-step*.jsonl"))
+    assert list((tmp_path / "rlm_trees").glob("train-v*.jsonl"))
 
 
 def _seeded_run(output_dir) -> tuple[list[str], list[dict]]:
@@ -96,7 +96,7 @@ def _seeded_run(output_dir) -> tuple[list[str], list[dict]]:
     dataset = Dataset.from_dict({"prompt": ["is it?"] * 8, "context": ["ab"] * 8})
     trainer = StepwiseRLMTrainer(model, yes_reward, args=config, train_dataset=dataset, processing_class=tokenizer)
     trainer.train()
-    trees = [p.read_text() for p in sorted((output_dir / "rlm_trees").glob("train-step*.jsonl"))]
+    trees = [p.read_text() for p in sorted((output_dir / "rlm_trees").glob("train-v*.jsonl"))]
     timing = ("time", "runtime", "per_second", "latency", "_s")
     logs = [{k: v for k, v in entry.items() if not any(t in k for t in timing)} for entry in trainer.state.log_history]
     return trees, logs

@@ -20,7 +20,6 @@ import dataclasses
 import logging
 import os
 import random
-import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +30,6 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad, use_adapter
 
 from ..advantages import broadcast_advantages, stepwise_loss_weights
-from ..jsonl import append_jsonl
 from ..losses import importance_sampling_ratio
 from ..methods import METHODS
 from ..rlm import EngineStats, RLMEngine, RLMTask, RolloutTree, canonical_rollout_order
@@ -43,6 +41,7 @@ from ..rlm.generators import (
 )
 from ..rlm.metrics import rollout_metrics
 from ..rlm.sandbox import isolation_report, resolve_isolation
+from ..rlm.tree_files import TREES_FOLDER, TreeFile, save_trees, tree_file
 from ..text import last_user_text
 from .ext_grpo import ExtGRPOTrainer, written_after
 from .requirements import changed_settings, check_trainer_inputs
@@ -166,12 +165,11 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
     def discard_records_after(self, step: int) -> None:
         """Delete this rank's rollout-tree files of the steps after ``step`` (they are about to be written again)."""
         super().discard_records_after(step)
-        folder = Path(self.args.output_dir) / "rlm_trees"
-        rank = self.accelerator.process_index
+        folder = Path(self.args.output_dir) / TREES_FOLDER
         removed = 0
-        for path in sorted(folder.glob(f"*-rank{rank}.jsonl")) if folder.is_dir() else ():
-            match = _TREE_FILE.fullmatch(path.name)
-            if match and written_after(match["mode"], int(match["step"]), step):
+        for path in sorted(folder.glob(f"*-rank{self.accelerator.process_index}.jsonl")) if folder.is_dir() else ():
+            parsed = TreeFile.parse(path.name)
+            if parsed is not None and written_after(parsed.mode, parsed.version, step):
                 path.unlink()
                 removed += 1
         if removed:
@@ -180,13 +178,14 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
             )
 
     def _save_trees(self, trees: list[RolloutTree]) -> list[str]:
-        """Append the trees to this step's JSON-lines file (`trl_ext.jsonl.append_jsonl`: all or none); return one
-        ``path#line`` reference (0-based line) per tree for the log table, or ``"not saved: <reason>"`` per tree when
-        the file cannot be written (a warning; training goes on)."""
-        folder = Path(self.args.output_dir) / "rlm_trees"
-        path = folder / f"{self.mode}-step{self.state.global_step:06d}-rank{self.accelerator.process_index}.jsonl"
+        """Append the trees to this step's file (`trl_ext.rlm.tree_files`: the policy version is the global step, the
+        writer this rank); return one ``path#line`` reference (0-based line) per tree for the log table, or
+        ``"not saved: <reason>"`` per tree when the file cannot be written (a warning; training goes on)."""
+        folder = Path(self.args.output_dir) / TREES_FOLDER
+        writer = f"rank{self.accelerator.process_index}"
+        path = tree_file(folder, self.mode, self.state.global_step, writer)
         try:
-            start = append_jsonl(path, [tree.to_dict(self.processing_class) for tree in trees])
+            start = save_trees(path, trees, self.processing_class)
         except OSError as error:
             logger.warning("Rollout trees of this step not saved to %s (training goes on): %s", path, error)
             reason = os.strerror(error.errno) if error.errno else type(error).__name__
@@ -315,9 +314,6 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
                 clip_min=self.vllm_importance_sampling_clip_min,
                 clip_max=self.vllm_importance_sampling_clip_max,
             )
-
-
-_TREE_FILE = re.compile(r"(?P<mode>train|eval)-step(?P<step>\d+)-rank\d+\.jsonl")
 
 
 def _rlm_rollout(prompts: list[Any], trainer: StepwiseRLMTrainer) -> dict[str, list]:

@@ -16,11 +16,12 @@ import os
 
 from ...methods import METHODS
 from ...rlm.sandbox import isolation_report, resolve_isolation, warn_run_exposure
+from ...rlm.tree_files import TREES_FOLDER
 from ..async_method import AsyncMethodTrainer
 from ..async_seam import LOSS_WEIGHTS_KEY, loss_weight_collator
 from ..prompt_cap import prompt_cap
 from .config import AsyncStepwiseRLMConfig
-from .worker import TREES_FOLDER, RLMRolloutWorker
+from .worker import RLMRolloutWorker
 
 __all__ = ["AsyncStepwiseRLMTrainer"]
 

@@ -29,25 +29,21 @@ from __future__ import annotations
 import logging
 import os
 import random
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...jsonl import append_jsonl
 from ...rlm import RLMEngine, RLMScaffoldConfig, RLMTask, RolloutTree
 from ...rlm.generators import CanonicalOrderGenerator, Completion, Generator
 from ...rlm.metrics import rollout_metrics
+from ...rlm.tree_files import next_run, save_trees, tree_file
 from ...text import last_user_text
 from ..async_worker import ThreadedRolloutWorker, as_completions, group_metrics, population_std, reward_table
 from .samples import tree_samples
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TREES_FOLDER", "RLMRolloutWorker"]
-
-TREES_FOLDER = "rlm_trees"  # under output_dir, as StepwiseRLMTrainer's
-_TREE_FILE = re.compile(r"train-v\d+-run(?P<run>\d+)\.jsonl")
+__all__ = ["RLMRolloutWorker"]
 
 
 class _Heartbeat:
@@ -111,7 +107,7 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
         self.child_sampling = child_sampling
         self.last_trees: list[RolloutTree] = []  # the trees of the last run (for inspection)
         self.trees_dir = None if trees_dir is None else Path(trees_dir)
-        self.runs = _next_run(self.trees_dir)
+        self.runs = next_run(self.trees_dir)
         self._rng = random.Random(seed)
 
     # ------------------------------------------------------------------------------ one run
@@ -179,11 +175,11 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
         return reward_table(self.reward_funcs, self.reward_func_names, kwargs, size)
 
     def _save_trees(self, trees: list[RolloutTree], version: int, run: int) -> None:
-        """Append the run's trees to its file (`trl_ext.jsonl.append_jsonl`: all or none); a failed write is a
-        warning, and the run goes on."""
-        path = self.trees_dir / f"train-v{version:06d}-run{run:06d}.jsonl"
+        """Append the run's trees to its file (`trl_ext.rlm.tree_files`); a failed write is a warning, and the run
+        goes on."""
+        path = tree_file(self.trees_dir, "train", version, f"run{run:06d}")
         try:
-            append_jsonl(path, [tree.to_dict(self.tokenizer) for tree in trees])
+            save_trees(path, trees, self.tokenizer)
         except OSError as error:
             logger.warning("Rollout trees of run %d not saved to %s (training goes on): %s", run, path, error)
 
@@ -192,11 +188,3 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
         left out: TRL reduces the rest over the log window."""
         metrics = rollout_metrics(trees, stats, num_samples)
         self._push_metrics({k: v for k, v in metrics.items() if not (isinstance(v, tuple) and not v[1])})
-
-
-def _next_run(folder: Path | None) -> int:
-    """The number after the highest run of the tree files in ``folder`` (0 for none, or no folder)."""
-    if folder is None or not folder.is_dir():
-        return 0
-    runs = [int(match["run"]) for path in folder.iterdir() if (match := _TREE_FILE.fullmatch(path.name))]
-    return max(runs, default=-1) + 1
