@@ -96,6 +96,8 @@ class MonitorCallback(TrainerCallback, ExportableState):
     rules: ClassVar[tuple[str, ...]] = ()
     config_class: ClassVar[type | None] = None
     rule_metrics: ClassVar[tuple[tuple[Rule, str], ...]] = ()
+    # Its alerts go into the log: the trl-ext trainers put it ahead of the loggers (`trl_ext.callback_order`).
+    runs_before_loggers: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from transformers import TrainerControl, TrainerState, TrainingArguments
-from transformers.trainer_callback import DefaultFlowCallback
 
+from ..callback_order import put_before_loggers
 from ..losses import LOSSES, trust_region_loss, trust_region_metrics
 from .base import MonitorCallback, Rule, check_action, logger, metric_value
 from .configs import (
@@ -525,8 +525,5 @@ def add_monitors(trainer: Any, monitors: Sequence[MonitorCallback] | None = None
             raise TypeError(
                 f"add_monitors: {monitor!r} is not a trl-ext monitor (ClipRateMonitor, EntropyMonitor, ...)."
             )
-    handler.callbacks = [cb for cb in handler.callbacks if not any(cb is m for m in monitors)]
-    flow = [i for i, cb in enumerate(handler.callbacks) if isinstance(cb, DefaultFlowCallback)]
-    position = flow[-1] + 1 if flow else 0
-    handler.callbacks[position:position] = monitors
+    put_before_loggers(handler, monitors)
     return monitors

@@ -26,6 +26,7 @@ from transformers import AutoTokenizer
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
+from ..callback_order import put_before_loggers_where_asked
 from ..fields import unknown_keywords_message
 from ..losses import LossSpec, get_loss, ppo_clip_loss
 from ..methods import METHODS
@@ -161,11 +162,7 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
         super().__init__(model, reward_funcs, args, train_dataset, processing_class, **kwargs)
         if isinstance(generator, LocalPolicy):
             generator.check_model(self.accelerator.unwrap_model(self.model).config)
-        # Monitors passed as callbacks= would run after the trackers; move them ahead so alerts reach wandb & co.
-        from ..callbacks.monitors import MonitorCallback, add_monitors
-
-        if any(isinstance(cb, MonitorCallback) for cb in self.callback_handler.callbacks):
-            add_monitors(self)
+        put_before_loggers_where_asked(self)  # monitors passed as callbacks= ahead of the trackers: alerts reach them
         watch_server(self)  # a vllm serve that went away ends training with an error naming it
         self._gate_staleness()
         self.learning_signal = LearningSignalWatch()  # warns when every advantage has been 0 for several steps

@@ -26,6 +26,7 @@ import torch
 from trl import GRPOConfig
 from trl.trainer.utils import nanmax, nanmin, split_pixel_values_by_grid, unsplit_pixel_values_by_grid
 
+from ..callback_order import put_before_loggers_where_asked
 from ..checkpoints import checkpoint_step, required_checkpoint_files, resolve_resume_checkpoint
 from ..losses import LossSpec, get_loss, sampling_mismatch
 from ..methods import METHODS
@@ -88,11 +89,7 @@ class ExtGRPOTrainer(TRLSeam):
             )
         with _vllm_dtype(getattr(args, "vllm_dtype", "auto")):
             super().__init__(model, reward_funcs, args, *pargs, **kwargs)
-        # Monitors passed as callbacks= would run after the trackers; move them ahead so alerts reach wandb & co.
-        from ..callbacks.monitors import MonitorCallback, add_monitors
-
-        if any(isinstance(cb, MonitorCallback) for cb in self.callback_handler.callbacks):
-            add_monitors(self)
+        put_before_loggers_where_asked(self)  # monitors passed as callbacks= ahead of the trackers: alerts reach them
         self._packing_notes: set[str] = set()  # the reasons packing was skipped, each logged once
         self._packing_verified: bool | None = None  # the first packed pass is checked against TRL's rows
         self.max_prompt_length = prompt_cap(getattr(args, "max_prompt_length", None), self.model, args)
