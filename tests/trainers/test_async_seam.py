@@ -193,7 +193,7 @@ def test_check_trl_async_names_a_missing_attribute(monkeypatch):
 
 
 def test_check_trl_async_reads_the_attributes_trl_assigns():
-    assigned = async_check._assigned_attributes()
+    assigned = async_check.assigned_attributes(async_check.AsyncGRPOTrainer)
     assert {"_metrics", "_step_forward_tokens", "_last_forward_time_s", "aux_loss_enabled"} <= assigned
 
 

@@ -377,3 +377,12 @@ def test_tied_modules_are_those_sharing_a_parameter():
     model = TiedLM()
     assert {id(module) for module in tied_modules(model)} == {id(model.embed), id(model.head)}
     assert tied_modules(torch.nn.Sequential(torch.nn.Linear(2, 2))) == []
+
+
+def test_both_seams_check_against_the_one_pin_the_package_requires():
+    from trl_ext.trainers.async_seam import check as async_check
+    from trl_ext.trainers.trl_seam import check as sync_check
+
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    assert f'"{sync_check.TRL_PIN}"' in pyproject
+    assert async_check.raise_if_problems is sync_check.raise_if_problems  # the async seam extends the sync one

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import ast
 import inspect
-import textwrap
 
 import torch
-import trl
 from trl.experimental.async_grpo import AsyncGRPOTrainer, async_grpo_trainer, packing
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, RolloutSample
+
+from ..trl_seam.check import (
+    assigned_attributes,
+    attribute_problems,
+    raise_if_problems,
+    signature_problems,
+    source_tree,
+)
 
 __all__ = [
     "ASYNC_ATTRIBUTES",
@@ -137,29 +143,11 @@ TOKEN_CREDIT_INTERNALS: tuple[str, ...] = (
 
 def check_trl_async() -> None:
     """Fail with the fix when the installed TRL's asynchronous trainer lacks what the async seam relies on."""
-    problems = []
-    for name, expected in ASYNC_SEAM.items():
-        method = getattr(AsyncGRPOTrainer, name, None)
-        if method is None:
-            problems.append(f"AsyncGRPOTrainer.{name} is missing")
-        elif (params := tuple(inspect.signature(method).parameters)) != expected:
-            problems.append(f"AsyncGRPOTrainer.{name}{params} (expected {expected})")
-    for name, expected in ROLLOUT_WORKER_SEAM.items():
-        method = getattr(AsyncRolloutWorker, name, None)
-        if method is None:
-            problems.append(f"AsyncRolloutWorker.{name} is missing")
-        elif (params := tuple(inspect.signature(method).parameters)) != expected:
-            problems.append(f"AsyncRolloutWorker.{name}{params} (expected {expected})")
-    worker_tree = _source_tree(AsyncRolloutWorker)
-    if worker_tree is not None:
-        stored = {
-            node.attr
-            for node in ast.walk(worker_tree)
-            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
-        }
-        problems += [
-            f"AsyncRolloutWorker has no attribute {name}" for name in ROLLOUT_WORKER_ATTRIBUTES if name not in stored
-        ]
+    problems = signature_problems(AsyncGRPOTrainer, ASYNC_SEAM)
+    problems += signature_problems(AsyncRolloutWorker, ROLLOUT_WORKER_SEAM)
+    problems += attribute_problems(
+        AsyncRolloutWorker, ROLLOUT_WORKER_ATTRIBUTES, assigned_attributes(AsyncRolloutWorker)
+    )
     sample_fields = set(inspect.signature(RolloutSample).parameters)
     problems += [f"RolloutSample has no field {name}" for name in ROLLOUT_SAMPLE_FIELDS if name not in sample_fields]
     init = tuple(inspect.signature(AsyncGRPOTrainer.__init__).parameters)[: len(INIT_PARAMETERS)]
@@ -175,13 +163,7 @@ def check_trl_async() -> None:
     keywords = _kernel_call_keywords()
     if keywords is not None and not set(keywords) <= set(KERNEL_KEYWORDS):
         problems.append(f"packing.tree_attention passes the kernel {keywords} (expected some of {KERNEL_KEYWORDS})")
-    assigned = _assigned_attributes()
-    if assigned is not None:
-        problems += [
-            f"AsyncGRPOTrainer has no attribute {name}"
-            for name in ASYNC_ATTRIBUTES
-            if name not in assigned and not hasattr(AsyncGRPOTrainer, name)
-        ]
+    problems += attribute_problems(AsyncGRPOTrainer, ASYNC_ATTRIBUTES, assigned_attributes(AsyncGRPOTrainer))
     try:
         keys = collated_batch_keys()
     except Exception as error:  # noqa: BLE001  (any failure of TRL's collator on a valid sample is a difference)
@@ -199,12 +181,7 @@ def check_trl_async() -> None:
         )
     problems += _loss_weight_problems()
     problems += _token_credit_problems()
-    if problems:
-        raise ImportError(
-            f"trl-ext's async trainer needs TRL 1.16's experimental AsyncGRPOTrainer internals, and trl "
-            f"{trl.__version__} differs: " + "; ".join(problems) + ". Install the tested version: "
-            "pip install 'trl>=1.16,<1.17'."
-        )
+    raise_if_problems("TRL 1.16's experimental AsyncGRPOTrainer internals (for its async trainer)", problems)
 
 
 def collated_batch_keys() -> frozenset[str]:
@@ -228,13 +205,13 @@ def _loss_weight_problems() -> list[str]:
     from .weights import LOSS_WEIGHTS_KEY, LossWeightCollator, weighted_sample_metrics
 
     problems = []
-    tree = _source_tree(async_grpo_trainer.AsyncGRPOTrainer.get_train_dataloader)
+    tree = source_tree(async_grpo_trainer.AsyncGRPOTrainer.get_train_dataloader)
     if tree is not None and not any(
         isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "DataCollatorForRollout"
         for node in ast.walk(tree)
     ):
         problems.append("AsyncGRPOTrainer.get_train_dataloader no longer builds DataCollatorForRollout(...)")
-    tree = _source_tree(async_grpo_trainer.RolloutQueueDataset.__iter__)
+    tree = source_tree(async_grpo_trainer.RolloutQueueDataset.__iter__)
     if tree is not None and not any(
         isinstance(node, ast.Dict)
         and any(
@@ -313,17 +290,10 @@ def _token_credit_problems() -> list[str]:
     return []
 
 
-def _source_tree(function) -> ast.AST | None:
-    try:
-        return ast.parse(textwrap.dedent(inspect.getsource(function)))
-    except (OSError, TypeError):
-        return None
-
-
 def _kernel_call_keywords() -> tuple[str, ...] | None:
     """The keywords of the ``flash_attn_varlen_func(...)`` call in ``packing.tree_attention``; None without source.
     A ``**{...}`` of constant keys (TRL's optional ``softcap``) counts its keys."""
-    tree = _source_tree(packing.tree_attention)
+    tree = source_tree(packing.tree_attention)
     if tree is None:
         return None
     for node in ast.walk(tree):
@@ -343,24 +313,9 @@ def _kernel_call_keywords() -> tuple[str, ...] | None:
     return ()
 
 
-def _assigned_attributes() -> set[str] | None:
-    """The attribute names AsyncGRPOTrainer's methods assign on ``self``; None when its source is unavailable."""
-    tree = _source_tree(AsyncGRPOTrainer)
-    if tree is None:
-        return None
-    return {
-        node.attr
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute)
-        and isinstance(node.ctx, ast.Store)
-        and isinstance(node.value, ast.Name)
-        and node.value.id == "self"
-    }
-
-
 def _compute_loss_batch_keys() -> frozenset[str] | None:
     """The collator's keys named in AsyncGRPOTrainer.compute_loss's source; None when it is unavailable."""
-    tree = _source_tree(AsyncGRPOTrainer.compute_loss)
+    tree = source_tree(AsyncGRPOTrainer.compute_loss)
     if tree is None:
         return None
     return frozenset(

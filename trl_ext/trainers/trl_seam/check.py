@@ -1,7 +1,9 @@
 """What the seam takes from TRL's internals, as data, and `check_trl`, which compares it with the installed TRL.
 
 `check_trl` runs when the seam is imported: a TRL whose private methods, attributes or ``_generate`` tuple differ
-from these fails at once, with the fix, instead of at a metric ``KeyError`` minutes into training.
+from these fails at once, with the fix, instead of at a metric ``KeyError`` minutes into training. The checks both
+seams make (`signature_problems`, `attribute_problems`, `raise_if_problems` with the one pin `TRL_PIN`) live here;
+the asynchronous seam (`trl_ext.trainers.async_seam.check`) adds what is its own.
 """
 
 from __future__ import annotations
@@ -17,7 +19,20 @@ from trl.generation.vllm_generation import VLLMGeneration
 
 from .grpo import GeneratedBatch
 
-__all__ = ["FORWARD_KEYS", "SEAM", "SEAM_ATTRIBUTES", "SEAM_CALLS", "VLLM_GENERATION_SEAM", "check_trl"]
+__all__ = [
+    "FORWARD_KEYS",
+    "SEAM",
+    "SEAM_ATTRIBUTES",
+    "SEAM_CALLS",
+    "TRL_PIN",
+    "VLLM_GENERATION_SEAM",
+    "assigned_attributes",
+    "attribute_problems",
+    "check_trl",
+    "raise_if_problems",
+    "signature_problems",
+    "source_tree",
+]
 
 # TRL private method the seam overrides -> the parameter names it calls it with.
 SEAM: dict[str, tuple[str, ...]] = {
@@ -90,59 +105,82 @@ VLLM_GENERATION_SEAM: dict[str, tuple[str, ...]] = {
 }
 
 
+TRL_PIN = "trl>=1.16,<1.17"  # the one TRL range both seams are checked against (pyproject.toml pins the same)
+
+
 def check_trl() -> None:
     """Fail with the fix when the installed TRL lacks the private methods, attributes (and shapes) the seam uses."""
-    problems = []
-    for owner, methods in ((GRPOTrainer, SEAM), (GRPOTrainer, SEAM_CALLS), (VLLMGeneration, VLLM_GENERATION_SEAM)):
-        for name, expected in methods.items():
-            method = getattr(owner, name, None)
-            if method is None:
-                problems.append(f"{owner.__name__}.{name} is missing")
-                continue
-            params = tuple(inspect.signature(method).parameters)
-            if params != expected:
-                problems.append(f"{owner.__name__}.{name}{params} (expected {expected})")
-    assigned = _init_assignments()
-    if assigned is not None:
-        problems += [
-            f"GRPOTrainer has no attribute {name}"
-            for name in SEAM_ATTRIBUTES
-            if name not in assigned and not hasattr(GRPOTrainer, name)
-        ]
+    problems = signature_problems(GRPOTrainer, SEAM) + signature_problems(GRPOTrainer, SEAM_CALLS)
+    problems += signature_problems(VLLMGeneration, VLLM_GENERATION_SEAM)
+    problems += attribute_problems(GRPOTrainer, SEAM_ATTRIBUTES, assigned_attributes(GRPOTrainer.__init__))
     returned = _generate_return_names()
     expected_names = tuple(item.name for item in fields(GeneratedBatch))
     if returned is not None and returned != expected_names:
         problems.append(f"GRPOTrainer._generate returns {returned} (expected {expected_names})")
-    if problems:
-        raise ImportError(
-            f"trl-ext needs TRL 1.16's GRPOTrainer internals, and trl {trl.__version__} differs: "
-            + "; ".join(problems)
-            + ". Install the tested version: pip install 'trl>=1.16,<1.17'."
-        )
+    raise_if_problems("TRL 1.16's GRPOTrainer internals", problems)
 
 
-def _init_assignments() -> set[str] | None:
-    """The attribute names ``GRPOTrainer.__init__`` assigns on ``self``; None when its source is unavailable."""
+# ---------------------------------------------------------------------------------- the checks both seams make
+def signature_problems(owner: type, methods: dict[str, tuple[str, ...]]) -> list[str]:
+    """A problem for each method of ``owner`` that is missing or whose parameter names differ from ``methods``'."""
+    problems = []
+    for name, expected in methods.items():
+        method = getattr(owner, name, None)
+        if method is None:
+            problems.append(f"{owner.__name__}.{name} is missing")
+        elif (params := tuple(inspect.signature(method).parameters)) != expected:
+            problems.append(f"{owner.__name__}.{name}{params} (expected {expected})")
+    return problems
+
+
+def source_tree(obj: object) -> ast.AST | None:
+    """The parsed source of a class or function; None when its source is unavailable."""
     try:
-        source = textwrap.dedent(inspect.getsource(GRPOTrainer.__init__))
+        return ast.parse(textwrap.dedent(inspect.getsource(obj)))
     except (OSError, TypeError):
         return None
+
+
+def assigned_attributes(obj: object) -> set[str] | None:
+    """The attribute names ``obj``'s source (a class or a method) assigns on ``self``; None without source."""
+    tree = source_tree(obj)
+    if tree is None:
+        return None
     return {
-        target.attr
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
-        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
-        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, ast.Store)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
     }
+
+
+def attribute_problems(owner: type, names: tuple[str, ...], assigned: set[str] | None) -> list[str]:
+    """A problem for each of ``names`` that ``owner`` neither assigns on ``self`` nor has as a class attribute
+    (none when its source, and so ``assigned``, is unavailable)."""
+    if assigned is None:
+        return []
+    missing = [name for name in names if name not in assigned and not hasattr(owner, name)]
+    return [f"{owner.__name__} has no attribute {name}" for name in missing]
+
+
+def raise_if_problems(needs: str, problems: list[str]) -> None:
+    """`ImportError` naming what trl-ext ``needs`` of TRL, every difference found and the fix (`TRL_PIN`)."""
+    if problems:
+        raise ImportError(
+            f"trl-ext needs {needs}, and trl {trl.__version__} differs: "
+            + "; ".join(problems)
+            + f". Install the tested version: pip install '{TRL_PIN}'."
+        )
 
 
 def _generate_return_names() -> tuple[str, ...] | None:
     """The names in ``GRPOTrainer._generate``'s final ``return a, b, ...``; None when its source is unavailable."""
-    try:
-        source = textwrap.dedent(inspect.getsource(GRPOTrainer._generate))
-    except (OSError, TypeError):
+    tree = source_tree(GRPOTrainer._generate)
+    if tree is None:
         return None
-    returns = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Return)]
+    returns = [node for node in ast.walk(tree) if isinstance(node, ast.Return)]
     if not returns or not isinstance(returns[-1].value, ast.Tuple):
         return ()
     return tuple(elt.id if isinstance(elt, ast.Name) else ast.unparse(elt) for elt in returns[-1].value.elts)
