@@ -219,7 +219,8 @@ class RolloutNode:
 
 @dataclass(frozen=True)
 class TurnSample:
-    """One training sample of a tree: a turn of one of its nodes, with the node's 1/k weight."""
+    """One training sample of a tree: a turn of one of its nodes, with the node's 1/k weight ``W(v)`` and its action
+    tokens over all its trained turns ``n_v`` (the "subtree" loss gives each of its tokens ``W(v) / n_v``)."""
 
     node: int
     turn: int
@@ -228,6 +229,7 @@ class TurnSample:
     action_ids: list[int]
     logprobs: list[float]
     weight: float
+    node_tokens: int = 0
 
 
 @dataclass
@@ -272,12 +274,23 @@ class RolloutTree:
     def turn_samples(
         self, *, train_children: bool = True, child_sampling: str = "all", rng: random.Random | None = None
     ) -> list[TurnSample]:
-        """Every turn of every trained node as a training sample, nodes in pre-order, turns in order.
+        """Every turn with at least one action token of every trained node as a training sample, nodes in pre-order,
+        turns in order: the one definition of what the synchronous and the asynchronous trainer train on.
 
         The arguments choose the trained nodes and their weights as in `weights` (the trainer passes its
         ``train_children`` and ``child_sampling`` settings).
         """
         weights = self.weights(train_children=train_children, child_sampling=child_sampling, rng=rng)
+        trained = [
+            (node, index, turn)
+            for node in self.nodes
+            if weights[node.id] is not None
+            for index, turn in enumerate(node.turns)
+            if turn.action_ids
+        ]
+        node_tokens: dict[int, int] = {}
+        for node, _, turn in trained:
+            node_tokens[node.id] = node_tokens.get(node.id, 0) + len(turn.action_ids)
         return [
             TurnSample(
                 node=node.id,
@@ -287,10 +300,9 @@ class RolloutTree:
                 action_ids=turn.action_ids,
                 logprobs=turn.logprobs,
                 weight=weights[node.id],
+                node_tokens=node_tokens[node.id],
             )
-            for node in self.nodes
-            if weights[node.id] is not None
-            for index, turn in enumerate(node.turns)
+            for node, index, turn in trained
         ]
 
     def iter_turns(self) -> Iterator[tuple[RolloutNode, int, Turn]]:

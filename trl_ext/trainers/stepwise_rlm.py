@@ -253,31 +253,15 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
         return random.Random(self.batch_random_key("child-sampling"))
 
     def _turn_rows(self, trees: list[RolloutTree]) -> list[dict[str, Any]]:
-        """One dict per turn of every trained node, with its root index, node weight and node token count."""
+        """One dict per trained turn (`RolloutTree.turn_samples`: its ids, node, depth, node weight and node token
+        count), with its root index."""
         rows = []
         rng = self.child_sampling_rng()
         for root_index, tree in enumerate(trees):
-            samples = tree.turn_samples(
+            turns = tree.turn_samples(
                 train_children=self.args.train_children, child_sampling=self.args.child_sampling, rng=rng
             )
-            node_tokens: dict[int, int] = {}
-            for sample in samples:
-                node_tokens[sample.node] = node_tokens.get(sample.node, 0) + len(sample.action_ids)
-            for sample in samples:
-                if not sample.action_ids:
-                    continue
-                rows.append(
-                    {
-                        "prompt_ids": sample.prompt_ids,
-                        "action_ids": sample.action_ids,
-                        "logprobs": sample.logprobs,
-                        "root": root_index,
-                        "node": sample.node,
-                        "depth": sample.depth,
-                        "weight": sample.weight,
-                        "node_tokens": node_tokens[sample.node],
-                    }
-                )
+            rows += [{**vars(turn), "root": root_index} for turn in turns]
         if not rows:
             raise RuntimeError("No rollout produced a single action token: check the generator.")
         return rows

@@ -54,17 +54,8 @@ def tree_samples(
         The samples, nodes in pre-order, turns in order. Input ids, mask and log-probs are ``(P + C,)`` arrays with
         ``P`` the turn's prompt tokens and ``C`` its action tokens; the log-probs are 0 over the prompt.
     """
-    turns = [
-        sample
-        for sample in tree.turn_samples(train_children=train_children, child_sampling=child_sampling, rng=rng)
-        if sample.action_ids
-    ]
-    node_tokens: dict[int, int] = {}
-    node_weight: dict[int, float] = {}
-    for turn in turns:
-        node_tokens[turn.node] = node_tokens.get(turn.node, 0) + len(turn.action_ids)
-        node_weight[turn.node] = turn.weight
-    tree_mass = sum(node_weight.values())  # Σ_u W(u): every token weight of the tree, summed
+    turns = tree.turn_samples(train_children=train_children, child_sampling=child_sampling, rng=rng)
+    tree_mass = sum({turn.node: turn.weight for turn in turns}.values())  # Σ_u W(u): the tree's token weights, summed
     samples = []
     for turn in turns:
         if len(turn.logprobs) != len(turn.action_ids):
@@ -77,7 +68,7 @@ def tree_samples(
         num_action = len(turn.action_ids)
         sample_metrics = dict(metrics)
         if weighted:
-            token_weight = turn.weight / node_tokens[turn.node]
+            token_weight = turn.weight / turn.node_tokens
             sample_metrics = weighted_sample_metrics(
                 sample_metrics, token_weight=token_weight, root_share=token_weight * num_action / tree_mass
             )
