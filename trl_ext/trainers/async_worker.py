@@ -27,6 +27,7 @@ import numpy as np
 from ..advantages import SCALE_REWARDS, scored_advantages
 from ..rlm.generators import SamplingSettings
 from .async_seam import RolloutSample, served_policy_names
+from .served_policy import ServedPolicyGenerator
 
 logger = logging.getLogger(__name__)
 
@@ -529,7 +530,6 @@ def install_served_generator(
     syncs the weights then). ``group_requests``: a group's completions in one request with ``n`` (RLMT)."""
     if not trainer._own_worker or generator is not None or trainer.rollout_worker is None:
         return
-    from .async_rlm.generator import ServedPolicyGenerator  # here: async_rlm imports this module
 
     args = trainer.args
     base_model, lora_name = served_policy_names(trainer)

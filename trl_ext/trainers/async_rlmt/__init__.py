@@ -7,7 +7,7 @@
   strings as ``stop``).
 """
 
-from ..async_rlm.generator import ServedGroupGenerator, group_size
+from ..served_policy import ServedGroupGenerator, group_size
 from .config import AsyncRLMTConfig
 from .trainer import AsyncRLMTTrainer, reward_model_scorer
 from .worker import RLMTRolloutWorker
