@@ -15,9 +15,10 @@ run on the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from accelerate import PartialState
@@ -26,13 +27,14 @@ from transformers import AutoTokenizer
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
+from ..advantages import async_group_advantages
 from ..callback_order import put_before_loggers_where_asked
 from ..fields import unknown_keywords_message
 from ..losses import LossSpec, get_loss, ppo_clip_loss
 from ..methods import METHODS
 from .async_faults import watch_server
 from .async_seam import LOSS_WEIGHTS_KEY, AsyncSeam, TreeForward, fold_loss_weights, loss_weight_collator
-from .async_worker import ThreadedRolloutWorker, callable_reward_funcs, groups_per_run
+from .async_worker import ThreadedRolloutWorker, callable_reward_funcs, groups_per_run, install_served_generator
 from .ext_async_grpo_config import ExtAsyncGRPOConfig
 from .group_worker import GroupRolloutWorker
 from .learning_signal import LearningSignalWatch
@@ -124,6 +126,22 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
 
     model_card = METHODS["grpo"]
 
+    # What a method trainer sets (AsyncStepwiseRLMTrainer, AsyncJudgeCreditTrainer, AsyncRLMTTrainer); the plain
+    # trainer's values. ``config_error``: the TypeError when args is not a `config_class` ("{got}": the type passed);
+    # None takes TRL's AsyncGRPOConfig too, unless the loss is one trl-ext computes.
+    config_class: ClassVar[type] = ExtAsyncGRPOConfig
+    config_error: ClassVar[str | None] = None
+    # args=None: config_class("<model's last path part>-<suffix>"); None: args is required.
+    default_output_suffix: ClassVar[str | None] = "AsyncGRPO"
+    method_worker: ClassVar[bool] = False  # a method trainer: its own worker always (`own_worker`)
+    tools_error: ClassVar[str | None] = (
+        None  # the ValueError for tools= / environment_factory= ("{name}"); None: TRL's
+    )
+    dataset_error: ClassVar[str] = (
+        "ExtAsyncGRPOTrainer with a generator= needs a train_dataset with a 'prompt' column (a string or chat "
+        "messages per row)."
+    )
+
     def __init__(
         self,
         model: str,
@@ -135,31 +153,54 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
         generator: Any = None,
         **kwargs: Any,
     ) -> None:
-        if args is None:
-            args = ExtAsyncGRPOConfig(f"{model.rstrip('/').split('/')[-1]}-AsyncGRPO")
-        loss_type = getattr(args, "loss_type", "dapo")
-        if get_loss(loss_type).compute is not None and not isinstance(args, ExtAsyncGRPOConfig):
-            raise TypeError(
-                f"loss_type={loss_type!r} needs trl-ext's settings: pass args=trl_ext.ExtAsyncGRPOConfig(...)."
-            )
+        """Construction, in order: ``args`` checked (`config_class`, or the default config); the keywords checked
+        (TRL's, and ``generator``); a `LocalPolicy` paired with its weight transfer; when this trainer's own worker
+        samples (`own_worker`), the dataset's ``prompt`` column and `method_inputs`; `set_up_method`; the server
+        probed where the run needs one; the weight transfer chosen; the own worker built (`build_rollout_worker`);
+        TRL's ``__init__``; the served policy given to the own worker; the monitors put ahead of the trackers, the
+        server watched, the staleness gate and the learning-signal watch; `finish_set_up`."""
+        args = self._checked_args(model, args)
         unknown = kwargs.keys() - TRAINER_KEYWORDS
         if unknown:  # TRL's __init__ would name the keyword only
             raise TypeError(unknown_keywords_message(type(self).__name__, sorted(unknown), TRAINER_KEYWORDS))
+        if self.tools_error is not None:
+            for name in ("tools", "environment_factory"):
+                if kwargs.get(name) is not None:
+                    raise ValueError(self.tools_error.format(name=name))
         generator, kwargs["weight_transfer"] = pair_local_policy(generator, kwargs.get("weight_transfer"))
         if isinstance(generator, LocalPolicy) and args.token_budget is None:
             args.token_budget = generator.max_model_len or 0  # TRL would ask a vLLM server for its max_model_len
+        own_inputs = self.own_worker(generator, kwargs.get("rollout_worker"))
+        self._own_worker = own_inputs and kwargs.get("rollout_worker") is None
+        if own_inputs:
+            if train_dataset is None or "prompt" not in (getattr(train_dataset, "column_names", None) or []):
+                raise ValueError(self.dataset_error)
+            train_dataset, reward_funcs = self.method_inputs(
+                args, train_dataset, reward_funcs, kwargs.get("rollout_worker"), kwargs
+            )
+        self.set_up_method(args)
         self._fail_fast_without_server(args, generator, kwargs)
         if kwargs.get("weight_transfer") is None and PartialState().is_main_process:
             # A full-weight model off CUDA has no NCCL: its weights go through vLLM's reload from disk instead.
             kwargs["weight_transfer"] = choose_weight_transfer(model, args, peft_config=kwargs.get("peft_config"))
-        if generator is not None and kwargs.get("rollout_worker") is None:
-            # TRL's own worker samples from vllm serve only: plain GRPO groups from the generator instead
+        if self._own_worker:
             if processing_class is None:
                 processing_class = AutoTokenizer.from_pretrained(model)
-            kwargs["rollout_worker"] = self._group_worker(
-                args, reward_funcs, train_dataset, processing_class, generator
+            worker_args = dict(
+                dataset=train_dataset,
+                reward_funcs=reward_funcs,
+                tokenizer=processing_class,
+                generator=generator,  # None: the served policy, given below once TRL knows how it syncs
+                num_generations=args.num_generations,
+                groups_per_run=groups_per_run(args),
+                scale_rewards=getattr(args, "scale_rewards", "group"),
+                reward_weights=getattr(args, "reward_weights", None),
+                queue_maxsize=args.queue_maxsize,
+                chat_template_kwargs=args.chat_template_kwargs,
             )
+            kwargs["rollout_worker"] = self.build_rollout_worker(args, worker_args)
         super().__init__(model, reward_funcs, args, train_dataset, processing_class, **kwargs)
+        install_served_generator(self, generator, **self.served_generator_options())
         if isinstance(generator, LocalPolicy):
             generator.check_model(self.accelerator.unwrap_model(self.model).config)
         put_before_loggers_where_asked(self)  # monitors passed as callbacks= ahead of the trackers: alerts reach them
@@ -167,6 +208,60 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
         self._gate_staleness()
         self.learning_signal = LearningSignalWatch()  # warns when every advantage has been 0 for several steps
         self.add_callback(self.learning_signal)
+        self.finish_set_up()
+
+    def _checked_args(self, model: str, args: Any) -> Any:
+        """``args``, or the default `config_class` config; a TypeError when it is not one this trainer takes."""
+        if args is None and self.default_output_suffix is not None:
+            args = self.config_class(f"{model.rstrip('/').split('/')[-1]}-{self.default_output_suffix}")
+        if self.config_error is not None:
+            if not isinstance(args, self.config_class):
+                raise TypeError(self.config_error.format(got=type(args).__name__))
+            return args
+        loss_type = getattr(args, "loss_type", "dapo")
+        if get_loss(loss_type).compute is not None and not isinstance(args, ExtAsyncGRPOConfig):
+            raise TypeError(
+                f"loss_type={loss_type!r} needs trl-ext's settings: pass args=trl_ext.ExtAsyncGRPOConfig(...)."
+            )
+        return args
+
+    # ------------------------------------------------------------------------------------------ what a method writes
+    def own_worker(self, generator: Any, rollout_worker: Any) -> bool:
+        """Whether the run's samples come from this trainer's own worker (`build_rollout_worker`) rather than TRL's
+        spawned one: when a ``generator=`` is given and no ``rollout_worker=``; for a method trainer
+        (`method_worker`), always (its dataset and reward functions are checked, `method_inputs`, even when a worker
+        is passed)."""
+        return self.method_worker or (generator is not None and rollout_worker is None)
+
+    def build_rollout_worker(self, args: Any, worker_args: dict[str, Any]) -> Any:
+        """The own rollout worker (TRL's ``RolloutWorkerProtocol``), or None where this process runs no rollouts (TRL
+        runs them on the main process only). ``worker_args``: what every `ThreadedRolloutWorker` takes, from the
+        trainer's arguments and ``args``. Here: plain GRPO groups (`GroupRolloutWorker`, TRL's worker's advantages)."""
+        if not PartialState().is_main_process:
+            return None
+        return GroupRolloutWorker(advantage_fn=async_group_advantages, **worker_args)
+
+    def method_inputs(
+        self, args: Any, train_dataset: Any, reward_funcs: Any, rollout_worker: Any, trainer_kwargs: dict[str, Any]
+    ) -> tuple[Any, list[Any]]:
+        """The dataset the own worker samples from and the reward functions as a list: by default the dataset as
+        given and ``reward_funcs``, which must be callables when the worker is this trainer's own."""
+        return train_dataset, callable_reward_funcs(type(self).__name__, reward_funcs, rollout_worker)
+
+    def set_up_method(self, args: Any) -> None:
+        """What a method sets up before its worker is built (and also when a worker is passed)."""
+
+    def served_generator_options(self) -> dict[str, Any]:
+        """Keyword arguments of `install_served_generator` (``group_requests``, ``generation_kwargs``)."""
+        return {}
+
+    def finish_set_up(self) -> None:
+        """What a method does once TRL's trainer is built (the model loaded, the served policy given)."""
+
+    def train_collation(self) -> contextlib.AbstractContextManager:
+        """The context TRL's dataloader is built in, to give its collator the samples' per-sample values: by default
+        each loss token's policy version and the samples' ``loss_weights`` (`trl_ext.trainers.async_seam.weights`)."""
+        return loss_weight_collator()
 
     def _watch_learning_signal(self, inputs: dict[str, Tensor]) -> None:
         """Tell `learning_signal` whether any loss token of the micro-batch (all ranks) has a non-zero advantage
@@ -204,27 +299,6 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
                 reason,
                 args.vllm_server_timeout,
             )
-
-    @staticmethod
-    def _group_worker(args: Any, reward_funcs: Any, dataset: Any, tokenizer: Any, generator: Any) -> Any:
-        """The rollout worker of a run given a ``generator=`` (`GroupRolloutWorker`; None off the main process)."""
-        if not PartialState().is_main_process:
-            return None
-        if dataset is None or "prompt" not in (getattr(dataset, "column_names", None) or []):
-            raise ValueError(
-                "ExtAsyncGRPOTrainer with a generator= needs a train_dataset with a 'prompt' column (a string or chat "
-                "messages per row)."
-            )
-        return GroupRolloutWorker(
-            dataset=dataset,
-            reward_funcs=callable_reward_funcs("ExtAsyncGRPOTrainer", reward_funcs, None),
-            tokenizer=tokenizer,
-            generator=generator,
-            num_generations=args.num_generations,
-            groups_per_run=groups_per_run(args),
-            queue_maxsize=args.queue_maxsize,
-            chat_template_kwargs=args.chat_template_kwargs,
-        )
 
     def _gate_staleness(self) -> None:
         """A trl-ext rollout worker starts a run only while its samples cannot go stale (`StalenessGate`): with the
@@ -299,9 +373,9 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
         return loss
 
     def get_train_dataloader(self):
-        """TRL's dataloader, its collator adding each loss token's policy version (``sample_versions``, for the
-        metrics by lag) and the samples' ``loss_weights`` when they carry them (`trl_ext.trainers.async_seam.weights`)."""
-        with loss_weight_collator():
+        """TRL's dataloader, built in `train_collation`: its collator adds each loss token's policy version
+        (``sample_versions``, for the metrics by lag) and the method's per-sample values."""
+        with self.train_collation():
             return super().get_train_dataloader()
 
     def _log_trust_region_by_lag(

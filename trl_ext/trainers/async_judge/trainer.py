@@ -19,8 +19,8 @@ from ...judge.batch import judge_fix
 from ...judge.event_loop import BackgroundEventLoop
 from ...judge.judge import SpanJudge
 from ...methods import METHODS
-from ..async_method import AsyncMethodTrainer
 from ..async_seam import token_credit_collator
+from ..ext_async_grpo import ExtAsyncGRPOTrainer
 from ..judge_credit import configured_judge
 from .config import AsyncJudgeCreditConfig
 from .worker import JudgeRolloutWorker
@@ -33,7 +33,7 @@ AUDIT_FILE = "judge_audit.jsonl"
 PROBE_TIMEOUT_S = 10.0  # the longest the start-up check of the judge endpoint may take
 
 
-class AsyncJudgeCreditTrainer(AsyncMethodTrainer):
+class AsyncJudgeCreditTrainer(ExtAsyncGRPOTrainer):
     """GRPO with token-span LLM-judge credit on TRL's asynchronous trainer: ``A_t = A + cap_λ(c)_t``.
 
     Use like `ExtAsyncGRPOTrainer` with an [`AsyncJudgeCreditConfig`]: ``model`` is a path or Hub id served by
@@ -57,7 +57,9 @@ class AsyncJudgeCreditTrainer(AsyncMethodTrainer):
     # Worker runs in which every judge call failed before the outage warning becomes an error (as JudgeCreditTrainer).
     judge_outage_loud_batches = 5
 
+    method_worker = True
     config_class = AsyncJudgeCreditConfig
+    default_output_suffix = None  # args is required: it holds the judge endpoint
     config_error = (
         "AsyncJudgeCreditTrainer needs its judge settings: pass args=AsyncJudgeCreditConfig(output_dir=..., "
         "judge_base_url=..., judge_model=...), got {got}."

@@ -17,8 +17,8 @@ import os
 from ...methods import METHODS
 from ...rlm.sandbox import isolation_report, resolve_isolation, warn_run_exposure
 from ...rlm.tree_files import TREES_FOLDER
-from ..async_method import AsyncMethodTrainer
-from ..async_seam import LOSS_WEIGHTS_KEY, loss_weight_collator
+from ..async_seam import LOSS_WEIGHTS_KEY
+from ..ext_async_grpo import ExtAsyncGRPOTrainer
 from ..prompt_cap import prompt_cap
 from .config import AsyncStepwiseRLMConfig
 from .worker import RLMRolloutWorker
@@ -26,7 +26,7 @@ from .worker import RLMRolloutWorker
 __all__ = ["AsyncStepwiseRLMTrainer"]
 
 
-class AsyncStepwiseRLMTrainer(AsyncMethodTrainer):
+class AsyncStepwiseRLMTrainer(ExtAsyncGRPOTrainer):
     """Stepwise RLM training on TRL's asynchronous trainer: every turn of every node a sample, children weighted 1/k.
 
     Use like `ExtAsyncGRPOTrainer` with an [`AsyncStepwiseRLMConfig`]: ``model`` is a path or Hub id served by
@@ -45,6 +45,7 @@ class AsyncStepwiseRLMTrainer(AsyncMethodTrainer):
     """
 
     model_card = METHODS["stepwise-rlm"]
+    method_worker = True
     config_class = AsyncStepwiseRLMConfig
     config_error = "Pass args=trl_ext.trainers.AsyncStepwiseRLMConfig(...) (it holds the RLM settings)."
     default_output_suffix = "AsyncStepwiseRLM"
@@ -80,10 +81,6 @@ class AsyncStepwiseRLMTrainer(AsyncMethodTrainer):
         cap = prompt_cap(None, self.model, self.args)
         if cap is not None:
             worker.scaffold = dataclasses.replace(worker.scaffold, max_prompt_tokens=cap)
-
-    def train_collation(self):
-        """TRL's collator adds the samples' per-token ``loss_weights`` (`trl_ext.trainers.async_seam.weights`)."""
-        return loss_weight_collator()
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """`ExtAsyncGRPOTrainer`'s loss; under "subtree" a batch must carry the samples' loss weights."""

@@ -29,7 +29,7 @@ from accelerate import PartialState
 
 from ...methods import METHODS
 from ...rewards.rlmt import ORIGINAL_PROMPT_COLUMN, RewardModelScorer, rlmt_format_dataset
-from ..async_method import AsyncMethodTrainer
+from ..ext_async_grpo import ExtAsyncGRPOTrainer
 from ..requirements import check_trainer_inputs
 from .config import AsyncRLMTConfig
 from .worker import RLMTRolloutWorker
@@ -60,7 +60,7 @@ def reward_model_scorer(args: Any) -> RewardModelScorer:
     )
 
 
-class AsyncRLMTTrainer(AsyncMethodTrainer):
+class AsyncRLMTTrainer(ExtAsyncGRPOTrainer):
     """RLMT on TRL's asynchronous trainer: the policy plans in ``<think>``, a reward model scores the response only.
 
     Use like `ExtAsyncGRPOTrainer` with an [`AsyncRLMTConfig`]: ``model`` is a path or Hub id served by ``vllm serve``
@@ -81,6 +81,7 @@ class AsyncRLMTTrainer(AsyncMethodTrainer):
 
     model_card = METHODS["rlmt"]
 
+    method_worker = True
     config_class = AsyncRLMTConfig
     config_error = (
         "AsyncRLMTTrainer needs args=trl_ext.trainers.AsyncRLMTConfig(...) (the format and reward-model settings), "
