@@ -308,7 +308,7 @@ def test_train_command_resumes_from_the_latest_complete_checkpoint(tiny, tmp_pat
     info = json.loads((output / "trl_ext_run.json").read_text())
     assert info["steps"] == 2
     trees = sorted((output / "rlm_trees").glob("*.jsonl"))
-    assert [path.name for path in trees] == ["train-step000000-rank0.jsonl", "train-v000001-rank0.jsonl"]
+    assert [path.name for path in trees] == ["train-v000000-rank0.jsonl", "train-v000001-rank0.jsonl"]
     assert all(len(path.read_text().splitlines()) == 8 for path in trees)  # 8 roots a step, none twice
 
 
