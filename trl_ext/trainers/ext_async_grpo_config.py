@@ -23,7 +23,7 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 from ..advantages import SCALE_REWARDS
 from ..fields import document_fields, documented, mirror_field
 from ..losses import LOSSES
-from .ext_grpo_config import BF16_HELP, resolve_checkpointing, resolve_precision
+from .ext_grpo_config import PrecisionArguments
 from .loss_arguments import LossArguments
 from .weight_sync import WEIGHT_SYNC_CHOICES
 
@@ -52,7 +52,7 @@ def async_loss_types() -> list[str]:
 
 @document_fields
 @dataclass
-class ExtAsyncGRPOConfig(LossArguments, AsyncGRPOConfig):
+class ExtAsyncGRPOConfig(PrecisionArguments, LossArguments, AsyncGRPOConfig):
     r"""
     Configuration for [`ExtAsyncGRPOTrainer`]: every field of TRL's experimental
     `trl.experimental.async_grpo.AsyncGRPOConfig`, plus the loss registry's settings
@@ -68,7 +68,6 @@ class ExtAsyncGRPOConfig(LossArguments, AsyncGRPOConfig):
     base URL of ``vllm serve``, without ``/v1`` (a trailing ``/`` is dropped).
     """
 
-    bf16: bool | None = documented(None, BF16_HELP, section="Precision")
     queue_maxsize: int = documented(1024, QUEUE_MAXSIZE_HELP, section="Async rollout pipeline")
     weight_sync: str = documented(
         "auto",
@@ -83,8 +82,7 @@ class ExtAsyncGRPOConfig(LossArguments, AsyncGRPOConfig):
         check_max_staleness(self.max_staleness)
         check_queue_maxsize(self.queue_maxsize)
         self.vllm_server_base_url = check_server_base_url(self.vllm_server_base_url)
-        resolve_precision(self)
-        resolve_checkpointing(self)
+        self.resolve_precision_and_checkpointing()
         super().__post_init__()
         loss = self.check_loss_arguments(
             async_loss_types(),

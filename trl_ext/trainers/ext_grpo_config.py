@@ -1,7 +1,8 @@
 """`ExtGRPOConfig`: every field of `trl.GRPOConfig`, plus the loss settings (`LossArguments`: ``loss_type``, the IPO
 loss's mirrored from `trl_ext.losses.IPOSettings`, ``loss_kwargs`` for a loss registered from outside), shared-prefix
 packing, the prompt cap and the colocated vLLM engine's dtype. Each field's one doc is its help text
-(`trl_ext.fields`). `resolve_precision` (float32 where bf16 cannot run) is shared with `ExtAsyncGRPOConfig`."""
+(`trl_ext.fields`). `PrecisionArguments` (``bf16`` and its rule, float32 where bf16 cannot run) is shared with
+`ExtAsyncGRPOConfig`."""
 
 from __future__ import annotations
 
@@ -18,17 +19,32 @@ logger = logging.getLogger(__name__)
 
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 PREFIX_SHARING_MODES = ("auto", "on", "off")
-# The help text of the bf16 field, which `ExtAsyncGRPOConfig` declares too (the rule of `resolve_precision`).
-BF16_HELP = (
-    "TRL's field, with one change: left unset (and fp16 off), it is False (float32 training) when training runs "
-    "on the CPU (use_cpu=True, or no accelerator with bf16 support), and TRL's True otherwise. bf16=True where "
-    "bf16 cannot run fails with the fix."
-)
 
 
 @document_fields
 @dataclass
-class ExtGRPOConfig(LossArguments, GRPOConfig):
+class PrecisionArguments:
+    """TRL's ``bf16`` with trl-ext's CPU rule (`resolve_precision`), shared by `ExtGRPOConfig` and
+    `ExtAsyncGRPOConfig`."""
+
+    bf16: bool | None = documented(
+        None,
+        "TRL's field, with one change: left unset (and fp16 off), it is False (float32 training) when training runs "
+        "on the CPU (use_cpu=True, or no accelerator with bf16 support), and TRL's True otherwise. bf16=True where "
+        "bf16 cannot run fails with the fix.",
+        section="Precision",
+    )
+
+    def resolve_precision_and_checkpointing(self) -> None:
+        """float32 where bf16 cannot run (`resolve_precision`), and TRL's checkpointing default under transformers'
+        current name (`resolve_checkpointing`); called before TRL's ``__post_init__``."""
+        resolve_precision(self)
+        resolve_checkpointing(self)
+
+
+@document_fields
+@dataclass
+class ExtGRPOConfig(PrecisionArguments, LossArguments, GRPOConfig):
     r"""
     Configuration for [`ExtGRPOTrainer`]: every field of `trl.GRPOConfig`, plus the loss registry's settings
     (`trl_ext.trainers.loss_arguments.LossArguments`: ``loss_type``, ``ipo_threshold``, ``ipo_ratio_cap``,
@@ -57,7 +73,6 @@ class ExtGRPOConfig(LossArguments, GRPOConfig):
         "say). TRL 1.16 has no prompt cap of its own.",
         section="Prompts",
     )
-    bf16: bool | None = documented(None, BF16_HELP, section="Precision")
     vllm_dtype: str = documented(
         "auto",
         "The dtype of the colocated vLLM engine (vllm_mode='colocate'): 'auto' is vLLM's choice, which runs a "
@@ -69,8 +84,7 @@ class ExtGRPOConfig(LossArguments, GRPOConfig):
     )
 
     def __post_init__(self):
-        self._resolve_precision()
-        resolve_checkpointing(self)
+        self.resolve_precision_and_checkpointing()
         super().__post_init__()
         loss = self.check_loss_arguments()
         if self.prefix_sharing not in PREFIX_SHARING_MODES:
@@ -85,10 +99,6 @@ class ExtGRPOConfig(LossArguments, GRPOConfig):
         if self.vllm_dtype not in VLLM_DTYPES:
             raise ValueError(f"vllm_dtype={self.vllm_dtype!r}: use one of {list(VLLM_DTYPES)}.")
         loss.check_config(self)  # its settings (ipo_<name> fields or loss_kwargs) and what it needs of the config
-
-    def _resolve_precision(self) -> None:
-        """`resolve_precision` of this config: float32 where bf16 cannot run, unless bf16/fp16 was asked for."""
-        resolve_precision(self)
 
 
 def resolve_precision(config: Any) -> None:
