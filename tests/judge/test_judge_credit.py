@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from trl_ext.judge import DEFAULT_LABEL_SCORES, Span, cap_credit, judge_share, per_token_advantages, span_credit
+from trl_ext.judge.credit import rollout_credit
 
 
 def span(start, end, label, confidence=1.0):
@@ -107,3 +108,15 @@ def test_judge_share_is_mean_abs_credit_over_total_mass():
     # mean |c| = 1/4 = 0.25, mean |A| = 1 -> share 0.25 / 1.25
     assert judge_share(advantages, credit, mask) == pytest.approx(0.2)
     assert judge_share(torch.zeros(2), torch.zeros(2, 3), mask) == 0.0
+
+
+def test_rollout_credit_caps_over_the_judged_trained_tokens_only():
+    spans = [span(0, 2, "original_error", 1.0), span(1, 3, "key_progress", 0.5)]
+    # c = [-1, -0.75, 0.25, 0]; the judge read 3 tokens: mean |c| = 2/3 > λ = 0.25, so c x 0.25 / (2/3).
+    assert rollout_credit(spans, 4, 3, DEFAULT_LABEL_SCORES, 0.25).tolist() == [-0.375, -0.28125, 0.09375, 0.0]
+    # The loss trains the first two only: no credit elsewhere, mean |c| = 1.75/2 over them, so x 0.25 / 0.875.
+    capped = rollout_credit(spans, 4, 3, DEFAULT_LABEL_SCORES, 0.25, trained=torch.tensor([1, 1, 0, 0]))
+    assert capped.tolist() == pytest.approx([-0.25 / 0.875, -0.75 * 0.25 / 0.875, 0.0, 0.0])
+    assert rollout_credit([], 4, 3, DEFAULT_LABEL_SCORES, 0.25).tolist() == [0.0] * 4
+    with pytest.raises(ValueError, match="judged_tokens=5"):
+        rollout_credit(spans, 4, 5, DEFAULT_LABEL_SCORES, 0.25)

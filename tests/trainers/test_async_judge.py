@@ -21,6 +21,7 @@ from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollou
 from trl.experimental.async_grpo.packing import TreeRow
 
 from trl_ext.judge import AsyncChatClient, SpanJudge
+from trl_ext.judge.credit import rollout_credit
 from trl_ext.quickstart.scripted_server import ErrorReply, ScriptedChatServer
 from trl_ext.rlm import ScriptedGenerator
 from trl_ext.rlm.generators import Completion
@@ -30,7 +31,6 @@ from trl_ext.trainers.async_judge import (
     AsyncJudgeCreditTrainer,
     JudgeRolloutWorker,
     judged_sample,
-    rollout_credit,
 )
 from trl_ext.trainers.async_seam import TOKEN_CREDIT_KEY, TokenCreditCollator
 from trl_ext.trainers.judge_credit_config import JudgeCreditConfig

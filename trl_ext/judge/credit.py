@@ -87,6 +87,40 @@ def cap_credit(credit: Tensor, mask: Tensor, lam: float) -> Tensor:
     return credit * scale.unsqueeze(1)
 
 
+def rollout_credit(
+    spans: Iterable[SpanLike],
+    num_tokens: int,
+    judged_tokens: int,
+    label_scores: Mapping[str, float],
+    lam: float,
+    trained: Tensor | None = None,
+) -> Tensor:
+    """``cap_λ(c)`` of one rollout, the one definition both trainers use: its spans' credit (`span_credit`), capped
+    by λ (`cap_credit`) over the tokens the judge read.
+
+    Args:
+        spans: the judge's validated spans (token indices into the completion); none for a failed verdict.
+        num_tokens: ``C``, the completion's tokens (a trailing EOS included).
+        judged_tokens: the first tokens the judge read (the completion without its trailing EOS / pad); the cap's
+            mean ``|c|`` runs over them, and the tokens after them get no credit.
+        label_scores: label -> score.
+        lam: λ >= 0.
+        trained: ``(C,)`` the tokens the loss trains (0/1 or bool), when some are left out: no credit there, and
+            the mean runs over the trained tokens the judge read. None: every token.
+
+    Returns:
+        ``(C,)`` float32 credit; zeros when there are no spans.
+    """
+    if not 0 <= judged_tokens <= num_tokens:
+        raise ValueError(f"judged_tokens={judged_tokens} must be in [0, num_tokens={num_tokens}].")
+    credit = span_credit(spans, num_tokens, label_scores).unsqueeze(0)
+    judged = torch.zeros_like(credit)
+    judged[0, :judged_tokens] = 1.0
+    if trained is not None:
+        judged = judged * trained.to(judged.dtype).reshape(1, num_tokens)
+    return cap_credit(credit, judged, lam)[0]
+
+
 def per_token_advantages(advantages: Tensor, credit: Tensor) -> Tensor:
     """``A_t = A + c_t``: (B,) outcome advantages broadcast over (B, T) credit."""
     if advantages.dim() != 1 or advantages.shape[0] != credit.shape[0]:

@@ -10,8 +10,9 @@ The trainer is thin; the method lives in `trl_ext.judge`. Per generation batch:
    TRL later reuses the value instead of calling it again. With ``"total"`` the verdict is the weighted total
    reward, so the judge starts once TRL has computed the rewards.
 2. While the judge works, TRL computes old/reference log-probs, the remaining rewards and the group advantages A.
-3. `process_scored_batch` waits for the verdicts, turns spans into credit (`span_credit`), caps each rollout
-   (`cap_credit`, λ = ``judge_lambda``) and sets ``advantages = A[:, None] + c`` (B, T).
+3. `process_scored_batch` waits for the verdicts, turns spans into capped credit (`rollout_credit`: `span_credit`,
+   then `cap_credit`, λ = ``judge_lambda``, as the asynchronous trainer does) and sets ``advantages = A[:, None] + c``
+   (B, T).
 
 A judge fault (endpoint down, 429/5xx after retries, timeout, unparseable answer) gives that rollout zero credit,
 is counted in ``judge/failure_ratio`` and recorded in the audit log; the rollout keeps its outcome advantage. A
@@ -47,7 +48,7 @@ from ..judge.batch import (
     verdict_text,
 )
 from ..judge.client import AsyncChatClient
-from ..judge.credit import cap_credit, per_token_advantages, span_credit
+from ..judge.credit import per_token_advantages, rollout_credit
 from ..judge.event_loop import BackgroundEventLoop
 from ..judge.judge import JudgeRequest, JudgeVerdict, SpanJudge, extract_final_answer
 from ..judge.markers import build_marked_trace
@@ -333,7 +334,7 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
             return batch
         entered = time.perf_counter()
         completion_ids = batch["completion_ids"]
-        num_rows, length = completion_ids.shape
+        length = completion_ids.shape[1]
         scope = self.batch_scope
         pending, scope.pending = scope.pending, None
         if pending is None or not pending.matches(completion_ids):
@@ -346,16 +347,21 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
         verdicts = [collect_verdict(future) for future in pending.futures]
         waited = time.perf_counter() - waited
 
-        credit = torch.zeros(num_rows, length, dtype=torch.float32)
-        for row, verdict in enumerate(verdicts):
-            if verdict.ok and verdict.spans:
-                credit[row] = span_credit(verdict.spans, length, self.judge.label_scores)
         trained = loss_mask(batch)
-        # The cap's mean |c| runs over the tokens the judge read: the trailing EOS/pad it never sees is left out.
-        judged = torch.zeros(num_rows, length, dtype=trained.dtype)
-        for row, ids in enumerate(pending.completion_ids):
-            judged[row, : len(ids)] = 1
-        credit = cap_credit(credit, trained.cpu() * judged, self.args.judge_lambda)
+        # The cap's mean |c| runs over the trained tokens the judge read (not the trailing EOS/pad it never sees).
+        credit = torch.stack(
+            [
+                rollout_credit(
+                    verdict.spans if verdict.ok else [],
+                    length,
+                    len(ids),
+                    self.judge.label_scores,
+                    self.args.judge_lambda,
+                    trained=trained[row].cpu(),
+                )
+                for row, (verdict, ids) in enumerate(zip(verdicts, pending.completion_ids, strict=True))
+            ]
+        )
         advantages = batch["advantages"]
         credit = credit.to(device=advantages.device, dtype=advantages.dtype)
         if advantages.dim() == 1:

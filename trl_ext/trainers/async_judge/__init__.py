@@ -3,11 +3,11 @@
 - `AsyncJudgeCreditTrainer` / `AsyncJudgeCreditConfig`: the trainer and its settings (`JudgeCreditConfig`'s names).
 - `JudgeRolloutWorker`: TRL's ``RolloutWorkerProtocol``: generation, rewards, group advantages and the judge's calls
   in a thread, one sample per rollout carrying its capped credit.
-- `rollout_credit`, `judged_sample`: the pure step from a judged rollout to TRL's sample.
+- `judged_sample`: the pure step from a judged rollout to TRL's sample (its credit: `trl_ext.judge.credit.rollout_credit`).
 """
 
 from .config import AsyncJudgeCreditConfig
-from .samples import judged_sample, rollout_credit
+from .samples import judged_sample
 from .trainer import AsyncJudgeCreditTrainer
 from .worker import JudgeRolloutWorker
 
@@ -16,5 +16,4 @@ __all__ = [
     "AsyncJudgeCreditTrainer",
     "JudgeRolloutWorker",
     "judged_sample",
-    "rollout_credit",
 ]

@@ -1,53 +1,24 @@
 """Pure functions from one judged rollout to TRL's asynchronous training sample (docs/judge_credit.md).
 
-A rollout is a prompt's token ids, its sampled completion (token ids and the sampler's log-probs), the group
-advantage ``A`` of its reward, and the judge's verdict. `rollout_credit` turns the verdict's spans into the capped
-per-token credit ``cap_λ(c)`` (`trl_ext.judge.credit`: `span_credit`, then `cap_credit` over the tokens the judge
-read); `judged_sample` builds the `RolloutSample` whose advantage is ``A`` and whose metrics carry ``cap_λ(c)`` over
-its ``input_ids`` (`trl_ext.trainers.async_seam.credited_sample_metrics`), so the loss sees ``A_t = A + cap_λ(c)_t``.
+A rollout is a prompt's token ids, its sampled completion (token ids and the sampler's log-probs), the group advantage
+``A`` of its reward, and the judge's verdict. `trl_ext.judge.credit.rollout_credit` turns the verdict's spans into the
+capped per-token credit ``cap_λ(c)`` (`trl_ext.judge.credit`: `span_credit`, then `cap_credit` over the tokens the
+judge read); `judged_sample` builds the `RolloutSample` whose advantage is ``A`` and whose metrics carry ``cap_λ(c)``
+over its ``input_ids`` (`trl_ext.trainers.async_seam.credited_sample_metrics`), so the loss sees ``A_t = A +
+cap_λ(c)_t``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
-from ...judge.credit import SpanLike, cap_credit, span_credit
 from ..async_seam import RolloutSample, credited_sample_metrics
 from ..async_worker import rollout_sample
 
-__all__ = ["judged_sample", "rollout_credit"]
-
-
-def rollout_credit(
-    spans: Iterable[SpanLike],
-    num_tokens: int,
-    judged_tokens: int,
-    label_scores: Mapping[str, float],
-    lam: float,
-) -> np.ndarray:
-    """``cap_λ(c)`` of one rollout: its spans' credit (`span_credit`), capped by λ (`cap_credit`).
-
-    Args:
-        spans: the judge's validated spans (token indices into the completion); none for a failed verdict.
-        num_tokens: ``C``, the completion's sampled tokens (a trailing EOS included).
-        judged_tokens: the first tokens the judge read (the completion without its trailing EOS / pad); the cap's
-            mean ``|c|`` runs over them, and the tokens after them get no credit.
-        label_scores: label -> score.
-        lam: λ >= 0.
-
-    Returns:
-        ``(C,)`` float32 credit; zeros when there are no spans.
-    """
-    if not 0 <= judged_tokens <= num_tokens:
-        raise ValueError(f"judged_tokens={judged_tokens} must be in [0, num_tokens={num_tokens}].")
-    credit = span_credit(spans, num_tokens, label_scores).unsqueeze(0)
-    judged = torch.zeros_like(credit)
-    judged[0, :judged_tokens] = 1.0
-    return cap_credit(credit, judged, lam)[0].numpy()
+__all__ = ["judged_sample"]
 
 
 def judged_sample(

@@ -2,11 +2,11 @@
 
 A background thread of the trainer process loops: for ``groups_per_run`` prompts of the dataset (in order, cycling),
 ``num_generations`` completions each from the policy (one batched generator call: ``vllm serve``'s latest published
-adapter, `ServedPolicyGenerator`); the verifier rewards (the reward functions, weighted and summed; None is skipped); the group
-advantage ``A`` (`trl_ext.advantages.group_advantages`); then one judge conversation per rollout (`SpanJudge`, on the
-worker's own event loop, every call of the run concurrently), its spans turned into ``cap_λ(c)`` (`rollout_credit`);
-and one `RolloutSample` per rollout (`judged_sample`) into ``rollout_buffer``. The judge's time is the worker's, so it
-overlaps training.
+adapter, `ServedPolicyGenerator`); the verifier rewards (the reward functions, weighted and summed; None is skipped);
+the group advantage ``A`` (`trl_ext.advantages.group_advantages`); then one judge conversation per rollout
+(`SpanJudge`, on the worker's own event loop, every call of the run concurrently), its spans turned into ``cap_λ(c)``
+(`trl_ext.judge.credit.rollout_credit`); and one `RolloutSample` per rollout (`judged_sample`) into ``rollout_buffer``.
+The judge's time is the worker's, so it overlaps training.
 
 Faults. A judge fault (endpoint down, 429/5xx after retries, timeout, unparseable answer, a crash) gives that rollout
 zero credit: it keeps its outcome advantage, is counted in ``judge/failure_ratio`` and recorded in the audit log,
@@ -26,12 +26,13 @@ from typing import Any
 
 from ...judge.audit import JudgeAuditLog, text_hash
 from ...judge.batch import JudgeOutage, collect_verdict, optional_text, prompt_text, verdict_text
+from ...judge.credit import rollout_credit
 from ...judge.event_loop import BackgroundEventLoop
 from ...judge.judge import JudgeRequest, JudgeVerdict, SpanJudge, extract_final_answer
 from ...judge.markers import build_marked_trace
 from ...text import last_user_text
 from ..group_worker import GroupRolloutWorker, ScoredGroup
-from .samples import judged_sample, rollout_credit
+from .samples import judged_sample
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class JudgeRolloutWorker(GroupRolloutWorker):
                 len(rollout["judged_ids"]),
                 self.judge.label_scores,
                 self.judge_lambda,
-            )
+            ).numpy()
             credit_mass += float(abs(credit).sum())
             outcome_mass += abs(rollout["advantage"]) * len(credit)
             samples.append(
