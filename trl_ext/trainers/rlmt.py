@@ -28,22 +28,15 @@ import torch
 
 from ..methods import METHODS
 from ..rewards.rlmt import (
-    ORIGINAL_PROMPT_COLUMN,
-    RewardModelScorer,
-    rlmt_format_dataset,
-    stop_token_cut,
+    cut_at_stop,
 )
+from ..rewards.rlmt.arguments import refuse_bare_reward_models
 from .ext_grpo import ExtGRPOTrainer
 from .requirements import check_trainer_inputs
 from .rlmt_config import RLMTConfig
 from .trl_seam import BatchScope
 
 logger = logging.getLogger(__name__)
-
-# RewardModelScorer's loading settings, each the config's reward_model_<name> field.
-_SCORER_LOADING = ("device", "dtype", "batch_size", "max_length")
-# RewardModelScorer's settings of the format, each the config's field of the same name.
-_SCORER_FORMAT_SETTINGS = ("malformed_reward", "malformed_margin", "starts_in_thinking")
 
 
 @dataclass
@@ -89,29 +82,8 @@ class RLMTTrainer(ExtGRPOTrainer):
                 f"{type(args).__name__}."
             )
         if reward_funcs is None:
-            if args.reward_model_name_or_path is None:
-                raise ValueError(
-                    "RLMTTrainer has no reward: set RLMTConfig(reward_model_name_or_path=...) or pass reward_funcs "
-                    "(e.g. a RewardModelScorer or ServedRewardModelScorer)."
-                )
-            # The scorer's settings: reward_model_<name> fields, and the format's fields of the same name.
-            loading = {name: getattr(args, f"reward_model_{name}") for name in _SCORER_LOADING}
-            scoring = {name: getattr(args, name) for name in _SCORER_FORMAT_SETTINGS}
-            reward_funcs = RewardModelScorer(
-                args.reward_model_name_or_path,
-                format=args.rlmt_format,
-                strict=args.strict_format,
-                system_prompt=args.rlmt_system_prompt,
-                **scoring,
-                **loading,
-            )
-        for func in reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]:
-            if isinstance(func, (str, torch.nn.Module)):
-                raise TypeError(
-                    "RLMTTrainer does not take a reward model directly: TRL would score the whole completion, plan "
-                    "included. Wrap it: reward_funcs=RewardModelScorer(model, tokenizer, "
-                    f"format={args.rlmt_format!r})."
-                )
+            reward_funcs = args.reward_model_scorer("RLMTTrainer")
+        refuse_bare_reward_models(reward_funcs, "RLMTTrainer", args.rlmt_format)
         if args.apply_rlmt_format:
             train_dataset = self._format(train_dataset, args)
             if isinstance(eval_dataset, dict):
@@ -133,12 +105,7 @@ class RLMTTrainer(ExtGRPOTrainer):
                 type(dataset).__name__,
             )
             return dataset
-        return rlmt_format_dataset(
-            dataset,
-            args.rlmt_format,
-            system_prompt=args.rlmt_system_prompt,
-            original_prompt_column=ORIGINAL_PROMPT_COLUMN,
-        )
+        return args.rlmt_dataset(dataset)
 
     def postprocess_samples(self, completion_ids: list, logprobs: list | None) -> tuple[list, list | None]:
         """Cut every completion at its first stop string (the sampler may run past it), with its log-probs."""
@@ -146,24 +113,16 @@ class RLMTTrainer(ExtGRPOTrainer):
         stops = self.args.stop_strings
         if not stops:
             return completion_ids, logprobs
-        tokenizer = self.tokenizer
-        cut_count = 0
-        new_ids, new_logprobs = [], [] if logprobs is not None else None
-        for row, ids in enumerate(completion_ids):
-            ids = list(ids)
-            keep = stop_token_cut(ids, tokenizer, stops)
-            if keep is not None and keep < len(ids):
-                cut_count += 1
-                ids = ids[:keep]
-            new_ids.append(ids)
-            if new_logprobs is not None:
-                new_logprobs.append(list(logprobs[row])[: len(ids)])
+        cuts = [
+            cut_at_stop(ids, None if logprobs is None else logprobs[row], self.tokenizer, stops)
+            for row, ids in enumerate(completion_ids)
+        ]
         # Counted here, logged once per generation batch (this method may run a different number of times per rank
         # in TRL's tool loop, so no collective call belongs here).
         scope = self.batch_scope
-        scope.stop_cut += cut_count
+        scope.stop_cut += sum(cut for _, _, cut in cuts)
         scope.stop_total += len(completion_ids)
-        return new_ids, new_logprobs
+        return [ids for ids, _, _ in cuts], None if logprobs is None else [row for _, row, _ in cuts]
 
     def process_scored_batch(self, batch: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """Log ``rlmt/stop_cut_ratio``: the completions of this batch cut at a stop string (all ranks)."""

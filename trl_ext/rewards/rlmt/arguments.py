@@ -1,14 +1,28 @@
 """`RLMTArguments`: the RLMT format and reward-model settings as trainer-config fields, declared and documented once
-for the synchronous (`RLMTConfig`) and the asynchronous (`AsyncRLMTConfig`) trainer (docs/rlmt.md)."""
+for the synchronous (`RLMTConfig`) and the asynchronous (`AsyncRLMTConfig`) trainer (docs/rlmt.md), and what both
+trainers build from them: the dataset in the RLMT format (`rlmt_dataset`), the reward model's scorer
+(`reward_model_scorer`), the refusal of a bare reward model (`refuse_bare_reward_models`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ...fields import document_fields, documented
-from .formats import INSTRUCT_SYSTEM_PROMPT, RLMT_FORMATS, ZERO_STOP_STRING
+from .formats import (
+    INSTRUCT_SYSTEM_PROMPT,
+    ORIGINAL_PROMPT_COLUMN,
+    RLMT_FORMATS,
+    ZERO_STOP_STRING,
+    rlmt_format_dataset,
+)
 
-__all__ = ["RLMTArguments"]
+__all__ = ["RLMTArguments", "refuse_bare_reward_models"]
+
+# RewardModelScorer's loading settings, each the config's reward_model_<name> field, and its format settings, each
+# the config's field of the same name.
+_SCORER_LOADING = ("device", "dtype", "batch_size", "max_length")
+_SCORER_FORMAT_SETTINGS = ("malformed_reward", "malformed_margin", "starts_in_thinking")
 
 _FORMAT = "Format"
 _REWARD = "Reward model (used when reward_funcs is not given)"
@@ -83,3 +97,45 @@ class RLMTArguments:
             self.stop_strings = [ZERO_STOP_STRING] if self.rlmt_format == "zero" else []
         elif isinstance(self.stop_strings, str):
             self.stop_strings = [self.stop_strings]
+
+    def rlmt_dataset(self, dataset: Any) -> Any:
+        """``dataset`` with its prompts rewritten into the RLMT format (`rlmt_format_dataset`), the user's prompt kept
+        in ``rlmt_original_prompt`` (what the reward model sees)."""
+        return rlmt_format_dataset(
+            dataset,
+            self.rlmt_format,
+            system_prompt=self.rlmt_system_prompt,
+            original_prompt_column=ORIGINAL_PROMPT_COLUMN,
+        )
+
+    def reward_model_scorer(self, trainer_name: str) -> Any:
+        """The `RewardModelScorer` of ``reward_model_name_or_path``, loaded with the ``reward_model_<name>`` settings
+        and scoring in this format and strictness; a ValueError naming ``trainer_name`` and the fix without one."""
+        if self.reward_model_name_or_path is None:
+            raise ValueError(
+                f"{trainer_name} has no reward: set {type(self).__name__}(reward_model_name_or_path=...) or pass "
+                "reward_funcs (e.g. a RewardModelScorer or ServedRewardModelScorer)."
+            )
+        from .scorers import RewardModelScorer  # here: the scorer loads transformers' model classes
+
+        return RewardModelScorer(
+            self.reward_model_name_or_path,
+            format=self.rlmt_format,
+            strict=self.strict_format,
+            system_prompt=self.rlmt_system_prompt,
+            **{name: getattr(self, name) for name in _SCORER_FORMAT_SETTINGS},
+            **{name: getattr(self, f"reward_model_{name}") for name in _SCORER_LOADING},
+        )
+
+
+def refuse_bare_reward_models(reward_funcs: Any, trainer_name: str, rlmt_format: str) -> None:
+    """A TypeError, with the fix, for a reward model (a Hub id or a module) among ``reward_funcs``: TRL would score the
+    whole completion, plan included, where RLMT scores the response only."""
+    import torch
+
+    for func in reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]:
+        if isinstance(func, (str, torch.nn.Module)):
+            raise TypeError(
+                f"{trainer_name} does not take a reward model directly: it would score the whole completion, plan "
+                f"included. Wrap it: reward_funcs=RewardModelScorer(model, tokenizer, format={rlmt_format!r})."
+            )

@@ -190,26 +190,27 @@ def stop_token_cut(token_ids: Sequence[int], tokenizer: Any, stop_strings: Seque
 
 
 def cut_at_stop(
-    token_ids: Sequence[int], logprobs: Sequence[float], tokenizer: Any, stop_strings: Sequence[str]
-) -> tuple[list[int], list[float], bool]:
-    """A completion ending with the token that completes its first stop string (`stop_token_cut`), with its log-probs.
+    token_ids: Sequence[int], logprobs: Sequence[float] | None, tokenizer: Any, stop_strings: Sequence[str]
+) -> tuple[list[int], list[float] | None, bool]:
+    """A completion ending with the token that completes its first stop string (`stop_token_cut`), with its log-probs:
+    the one cut of both RLMT trainers.
 
     Args:
         token_ids: ``(C,)`` the sampled completion.
-        logprobs: ``(C,)`` the sampler's log-prob of each token.
+        logprobs: ``(C,)`` the sampler's log-prob of each token, or None (a sampler that gives none).
         tokenizer: decodes the completion to find the stop strings.
         stop_strings: e.g. ``["</response>"]``; none: nothing is cut.
 
     Returns:
-        ``(ids, logprobs, cut)``: the first ``K <= C`` tokens and their log-probs, and whether ``K < C`` (tokens were
-        sampled past the stop: they are neither scored nor trained).
+        ``(ids, logprobs, cut)``: the first ``K <= C`` tokens and their log-probs (None without), and whether
+        ``K < C`` (tokens were sampled past the stop: they are neither scored nor trained).
     """
-    if len(token_ids) != len(logprobs):
+    if logprobs is not None and len(token_ids) != len(logprobs):
         raise ValueError(
             f"{len(token_ids)} completion tokens but {len(logprobs)} log-probs: the sampler must return one log-prob "
             "per sampled token."
         )
     keep = stop_token_cut(token_ids, tokenizer, stop_strings) if stop_strings else None
-    if keep is None or keep >= len(token_ids):
-        return list(token_ids), [float(value) for value in logprobs], False
-    return list(token_ids[:keep]), [float(value) for value in logprobs[:keep]], True
+    cut = keep is not None and keep < len(token_ids)
+    end = keep if cut else len(token_ids)
+    return list(token_ids[:end]), None if logprobs is None else [float(value) for value in logprobs[:end]], cut

@@ -9,7 +9,7 @@
 
 from ..served_policy import ServedGroupGenerator, group_size
 from .config import AsyncRLMTConfig
-from .trainer import AsyncRLMTTrainer, reward_model_scorer
+from .trainer import AsyncRLMTTrainer
 from .worker import RLMTRolloutWorker
 
 __all__ = [
@@ -18,5 +18,4 @@ __all__ = [
     "RLMTRolloutWorker",
     "ServedGroupGenerator",
     "group_size",
-    "reward_model_scorer",
 ]

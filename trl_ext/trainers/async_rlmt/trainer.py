@@ -22,42 +22,16 @@ no TRL internal is needed beyond those `trl_ext.trainers.async_seam` names alrea
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
 from accelerate import PartialState
 
 from ...methods import METHODS
-from ...rewards.rlmt import ORIGINAL_PROMPT_COLUMN, RewardModelScorer, rlmt_format_dataset
+from ...rewards.rlmt.arguments import refuse_bare_reward_models
 from ..ext_async_grpo import ExtAsyncGRPOTrainer
 from ..requirements import check_trainer_inputs
 from .config import AsyncRLMTConfig
 from .worker import RLMTRolloutWorker
 
-__all__ = ["AsyncRLMTTrainer", "reward_model_scorer"]
-
-# RewardModelScorer's loading settings, each the config's reward_model_<name> field, and its format settings, each
-# the config's field of the same name (as RLMTTrainer builds it).
-_SCORER_LOADING = ("device", "dtype", "batch_size", "max_length")
-_SCORER_FORMAT_SETTINGS = ("malformed_reward", "malformed_margin", "starts_in_thinking")
-
-
-def reward_model_scorer(args: Any) -> RewardModelScorer:
-    """The `RewardModelScorer` of an `AsyncRLMTConfig` (or `RLMTConfig`): ``reward_model_name_or_path`` loaded with
-    the ``reward_model_<name>`` settings, scoring in the config's format and strictness."""
-    if args.reward_model_name_or_path is None:
-        raise ValueError(
-            "AsyncRLMTTrainer has no reward: set AsyncRLMTConfig(reward_model_name_or_path=...) or pass reward_funcs "
-            "(e.g. a RewardModelScorer or ServedRewardModelScorer)."
-        )
-    return RewardModelScorer(
-        args.reward_model_name_or_path,
-        format=args.rlmt_format,
-        strict=args.strict_format,
-        system_prompt=args.rlmt_system_prompt,
-        **{name: getattr(args, name) for name in _SCORER_FORMAT_SETTINGS},
-        **{name: getattr(args, f"reward_model_{name}") for name in _SCORER_LOADING},
-    )
+__all__ = ["AsyncRLMTTrainer"]
 
 
 class AsyncRLMTTrainer(ExtAsyncGRPOTrainer):
@@ -94,25 +68,14 @@ class AsyncRLMTTrainer(ExtAsyncGRPOTrainer):
     def method_inputs(self, args, train_dataset, reward_funcs, rollout_worker, trainer_kwargs):
         """A bare reward model refused; the dataset rewritten into the RLMT format (``apply_rlmt_format``); with
         ``reward_funcs=None``, the `RewardModelScorer` of ``reward_model_name_or_path``."""
-        for func in reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]:
-            if isinstance(func, (str, torch.nn.Module)):
-                raise TypeError(
-                    "AsyncRLMTTrainer does not take a reward model directly: it would score the whole completion, "
-                    "plan included. Wrap it: reward_funcs=RewardModelScorer(model, tokenizer, "
-                    f"format={args.rlmt_format!r})."
-                )
+        refuse_bare_reward_models(reward_funcs, "AsyncRLMTTrainer", args.rlmt_format)
         if args.apply_rlmt_format:
-            train_dataset = rlmt_format_dataset(
-                train_dataset,
-                args.rlmt_format,
-                system_prompt=args.rlmt_system_prompt,
-                original_prompt_column=ORIGINAL_PROMPT_COLUMN,
-            )
+            train_dataset = args.rlmt_dataset(train_dataset)
         # Rollouts run on the main process only (TRL's rule), so the reward model is loaded there only; a missing
         # reward fails on every process.
         if reward_funcs is None and rollout_worker is None:
             if args.reward_model_name_or_path is None or PartialState().is_main_process:
-                reward_funcs = reward_model_scorer(args)
+                reward_funcs = args.reward_model_scorer("AsyncRLMTTrainer")
         if reward_funcs is None:
             funcs = []
         else:
