@@ -6,6 +6,7 @@ and documented once for the synchronous (`JudgeCreditConfig`) and the asynchrono
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -14,10 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..fields import document_fields, documented, mirror_field
-from ..rlm.sandbox import SandboxArguments
+from ..rlm.sandbox import SandboxArguments, isolation_report, resolve_isolation
+from .client import AsyncChatClient
 from .credit import DEFAULT_LABEL_SCORES
 from .endpoint import EndpointSettings
-from .tools import TOOL_NAMES
+from .judge import SpanJudge
+from .tools import TOOL_NAMES, ReplSandbox
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +123,26 @@ class JudgeCreditArguments(SandboxArguments):
         if self.judge_max_tokens is not None:
             request_params["max_tokens"] = self.judge_max_tokens
         return EndpointSettings.from_fields(self, "judge_", request_params=request_params)
+
+    def configured_judge(self, judge: SpanJudge | None = None) -> tuple[SpanJudge, Any]:
+        """The trainer's `SpanJudge` (``judge`` when given, else built from these fields) and its sandbox report:
+        the isolation report of the judge's Python tools' sandbox (None when neither ``run_python`` nor
+        ``check_equivalent`` is offered); ``isolation="strict"`` fails here."""
+        if judge is None:
+            judge = SpanJudge(
+                AsyncChatClient.from_settings(self.judge_endpoint()),
+                label_scores=self.label_scores,
+                tools=self.judge_tools,
+                max_tool_rounds=self.judge_max_tool_rounds,
+                python_factory=functools.partial(ReplSandbox, self.sandbox_limits()),
+                python_timeout=self.repl_timeout_s,
+            )
+        elif not isinstance(judge, SpanJudge):
+            raise TypeError(f"judge must be a trl_ext.judge.SpanJudge, got {type(judge).__name__}.")
+        if "run_python" not in self.judge_tools and "check_equivalent" not in self.judge_tools:
+            return judge, None
+        resolve_isolation(self.sandbox_limits())  # isolation="strict" fails now; "auto" warns once if weaker
+        return judge, isolation_report(self.sandbox_limits())
 
     def check_judge_arguments(self) -> None:
         """Validate (and normalise ``label_scores`` of) these fields, the ``repl_<name>`` sandbox fields included;

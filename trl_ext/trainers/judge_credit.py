@@ -23,7 +23,6 @@ one when every call of a batch failed, an error once that has lasted ``judge_out
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import logging
 import math
@@ -47,14 +46,11 @@ from ..judge.batch import (
     prompt_text,
     verdict_text,
 )
-from ..judge.client import AsyncChatClient
 from ..judge.credit import per_token_advantages, rollout_credit
 from ..judge.event_loop import BackgroundEventLoop
-from ..judge.judge import JudgeRequest, JudgeVerdict, SpanJudge, extract_final_answer
+from ..judge.judge import JudgeRequest, JudgeVerdict, extract_final_answer
 from ..judge.markers import build_marked_trace
-from ..judge.tools import ReplSandbox
 from ..methods import METHODS
-from ..rlm.sandbox import isolation_report, resolve_isolation
 from ..text import last_user_text
 from .batch import loss_mask
 from .ext_grpo import ExtGRPOTrainer, written_after
@@ -134,7 +130,7 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
             column_settings=changed_settings(args, ("judge_answer_column", "judge_solution_column")),
         )
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
-        judge, sandbox_info = configured_judge(args, judge)
+        judge, sandbox_info = args.configured_judge(judge)
         self.judge = judge
         if sandbox_info is not None:
             self.sandbox_info = sandbox_info  # written to the run info
@@ -455,34 +451,6 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
                 self.state.global_step,
                 error,
             )
-
-
-def configured_judge(args: Any, judge: SpanJudge | None = None) -> tuple[SpanJudge, Any]:
-    """The trainer's `SpanJudge` and its sandbox report.
-
-    Args:
-        args: a `JudgeCreditConfig` or `AsyncJudgeCreditConfig` (the ``judge_<name>`` and ``repl_<name>`` fields).
-        judge: a ready judge to use instead of the one built from ``args``.
-
-    Returns:
-        ``(judge, sandbox_info)``: ``sandbox_info`` is the isolation report of the judge's Python tools' sandbox
-        (None when neither ``run_python`` nor ``check_equivalent`` is offered); ``isolation="strict"`` fails here.
-    """
-    if judge is None:
-        judge = SpanJudge(
-            AsyncChatClient.from_settings(args.judge_endpoint()),
-            label_scores=args.label_scores,
-            tools=args.judge_tools,
-            max_tool_rounds=args.judge_max_tool_rounds,
-            python_factory=functools.partial(ReplSandbox, args.sandbox_limits()),
-            python_timeout=args.repl_timeout_s,
-        )
-    elif not isinstance(judge, SpanJudge):
-        raise TypeError(f"judge must be a trl_ext.judge.SpanJudge, got {type(judge).__name__}.")
-    if "run_python" not in args.judge_tools and "check_equivalent" not in args.judge_tools:
-        return judge, None
-    resolve_isolation(args.sandbox_limits())  # isolation="strict" fails now; "auto" warns once if weaker
-    return judge, isolation_report(args.sandbox_limits())
 
 
 def _is_async(func: Any) -> bool:

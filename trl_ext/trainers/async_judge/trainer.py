@@ -21,7 +21,6 @@ from ...judge.judge import SpanJudge
 from ...methods import METHODS
 from ..async_seam import token_credit_collator
 from ..ext_async_grpo import ExtAsyncGRPOTrainer
-from ..judge_credit import configured_judge
 from .config import AsyncJudgeCreditConfig
 from .worker import JudgeRolloutWorker
 
@@ -93,7 +92,7 @@ class AsyncJudgeCreditTrainer(ExtAsyncGRPOTrainer):
 
     def set_up_method(self, args):
         """The judge (the one passed, or the config's) and the audit log."""
-        self.judge, sandbox_info = configured_judge(args, self.judge)
+        self.judge, sandbox_info = args.configured_judge(self.judge)
         if sandbox_info is not None:
             self.sandbox_info = sandbox_info  # written to the run info
         self._audit = None
