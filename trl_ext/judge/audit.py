@@ -15,6 +15,38 @@ from typing import Any
 from ..jsonl import append_jsonl, read_jsonl
 
 
+def audit_record(
+    *,
+    step: int,
+    mode: str,
+    rank: int,
+    row: int,
+    prompt_hash: str,
+    trace: Any,
+    verdict_given: str,
+    judge_model: str,
+    verdict: Any,
+    **extra: Any,
+) -> dict[str, Any]:
+    """One line of the audit log, the one layout both judge-credit trainers write: where the rollout was (``step``,
+    ``mode``, ``rank``, ``row``, and ``extra`` such as the asynchronous trainer's ``model_version`` and
+    ``group_id``), its prompt's hash, its marked ``trace``'s hash and token count, the verdict the judge was given,
+    the judge model, then the verdict's own record (`JudgeVerdict.to_record`)."""
+    return {
+        "step": step,
+        "mode": mode,
+        "rank": rank,
+        "row": row,
+        **extra,
+        "prompt_hash": prompt_hash,
+        "completion_hash": text_hash(trace.text),
+        "num_tokens": trace.num_tokens,
+        "verdict_given": verdict_given,
+        "judge_model": judge_model,
+        **verdict.to_record(),
+    }
+
+
 def text_hash(text: str) -> str:
     """First 16 hex characters of the SHA-256 of ``text`` (UTF-8)."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ..jsonl import rewrite_jsonl
-from ..judge.audit import JudgeAuditLog, text_hash
+from ..judge.audit import JudgeAuditLog, audit_record, text_hash
 from ..judge.batch import (
     JudgeOutage,
     PendingJudgement,
@@ -427,22 +427,20 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
     def _write_audit(self, pending: PendingJudgement, verdicts: list[JudgeVerdict]) -> None:
         if self._audit is None:
             return
-        records = []
-        for row, (request, verdict) in enumerate(zip(pending.requests, verdicts)):
-            records.append(
-                {
-                    "step": self.state.global_step,
-                    "mode": self.mode,
-                    "rank": self.accelerator.process_index,
-                    "row": row,
-                    "prompt_hash": pending.prompt_hashes[row],
-                    "completion_hash": text_hash(request.trace.text),
-                    "num_tokens": request.trace.num_tokens,
-                    "verdict_given": pending.verdicts_given[row],
-                    "judge_model": self.judge.client.model,
-                    **verdict.to_record(),
-                }
+        records = [
+            audit_record(
+                step=self.state.global_step,
+                mode=self.mode,
+                rank=self.accelerator.process_index,
+                row=row,
+                prompt_hash=pending.prompt_hashes[row],
+                trace=request.trace,
+                verdict_given=pending.verdicts_given[row],
+                judge_model=self.judge.client.model,
+                verdict=verdict,
             )
+            for row, (request, verdict) in enumerate(zip(pending.requests, verdicts, strict=True))
+        ]
         try:
             self._audit.write(records)
         except OSError as error:  # a full disk must not stop training either

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...judge.audit import JudgeAuditLog, text_hash
+from ...judge.audit import JudgeAuditLog, audit_record, text_hash
 from ...judge.batch import JudgeOutage, collect_verdict, optional_text, prompt_text, verdict_text
 from ...judge.credit import rollout_credit
 from ...judge.event_loop import BackgroundEventLoop
@@ -192,20 +192,19 @@ class JudgeRolloutWorker(GroupRolloutWorker):
             return
         step = self.step()
         records = [
-            {
-                "step": step,
-                "mode": "train",
-                "rank": 0,
-                "row": row,
-                "model_version": version,
-                "group_id": rollout["group_id"],
-                "prompt_hash": text_hash(prompt_text(rollout["prompt"])),
-                "completion_hash": text_hash(rollout["request"].trace.text),
-                "num_tokens": rollout["request"].trace.num_tokens,
-                "verdict_given": rollout["verdict_given"],
-                "judge_model": self.judge.client.model,
-                **verdict.to_record(),
-            }
+            audit_record(
+                step=step,
+                mode="train",
+                rank=0,
+                row=row,
+                model_version=version,
+                group_id=rollout["group_id"],
+                prompt_hash=text_hash(prompt_text(rollout["prompt"])),
+                trace=rollout["request"].trace,
+                verdict_given=rollout["verdict_given"],
+                judge_model=self.judge.client.model,
+                verdict=verdict,
+            )
             for row, (rollout, verdict) in enumerate(zip(rollouts, verdicts, strict=True))
         ]
         try:
