@@ -50,6 +50,7 @@ from ..judge.credit import per_token_advantages, rollout_credit
 from ..judge.event_loop import BackgroundEventLoop
 from ..judge.judge import JudgeRequest, JudgeVerdict, extract_final_answer
 from ..judge.markers import build_marked_trace
+from ..judge.metrics import verdict_metrics
 from ..methods import METHODS
 from ..text import last_user_text
 from .batch import loss_mask
@@ -390,39 +391,23 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
     ) -> None:
         keep = mask.to(device=credit.device, dtype=credit.dtype)
         outcome = advantages.abs() if advantages.dim() == 2 else advantages.abs().unsqueeze(1)
-        labels = list(self.judge.label_scores)
-        sums = self.global_sums(
-            (credit.abs() * keep).sum(),
-            (outcome.to(credit.dtype) * keep).sum(),
-            len(verdicts),
-            sum(len(v.spans) for v in verdicts),
-            sum(len(v.dropped) for v in verdicts),
-            sum(not v.ok for v in verdicts),
-            sum(v.status == "unparseable" for v in verdicts),
-            sum(v.injection_suspected for v in verdicts),
-            sum(v.text_verdict for v in verdicts),
-            *[sum(1 for v in verdicts for s in v.spans if s.label == label) for label in labels],
-            dtype=torch.float32,
-        )
-        credit_mass, outcome_mass, rollouts, valid, dropped, failures, refused, injections, text, *label_counts = (
-            sums.tolist()
-        )
+        credit_mass, outcome_mass = (credit.abs() * keep).sum(), (outcome.to(credit.dtype) * keep).sum()
+        metrics = verdict_metrics(verdicts, self.judge.label_scores, credit_mass, outcome_mass)
+        # One generation batch is every rank's: each part summed over the ranks, a rate 0 where nothing was counted.
+        parts = [part for value in metrics.values() for part in (value if isinstance(value, tuple) else (value,))]
+        sums = iter(self.global_sums(*parts, dtype=torch.float32).tolist())
+        for name, value in metrics.items():
+            if isinstance(value, tuple):
+                numerator, denominator = next(sums), next(sums)
+                self.log_metric(name, numerator / denominator if denominator else 0.0)
+            else:
+                self.log_metric(name, next(sums))
         wait_s, blocking_s = self.global_max(waited, blocking).tolist()
         device = self.accelerator.device
         latencies = self.accelerator.gather(torch.tensor([v.latency_s for v in verdicts], device=device)).tolist()
-        total_mass = credit_mass + outcome_mass
-        self.log_metric("judge/share", credit_mass / total_mass if total_mass > 0 else 0.0)
-        self.log_metric("judge/spans_per_rollout", valid / max(rollouts, 1.0))
-        self.log_metric("judge/invalid_span_ratio", dropped / (valid + dropped) if valid + dropped else 0.0)
-        self.log_metric("judge/failure_ratio", failures / max(rollouts, 1.0))
-        self.log_metric("judge/refused_ratio", refused / max(rollouts, 1.0))
-        self.log_metric("judge/injection_suspected", injections)
-        self.log_metric("judge/text_verdicts", text)
         self.log_metric("judge/latency_p50", statistics.median(latencies) if latencies else 0.0)
         self.log_metric("judge/wait_s", wait_s)
         self.log_metric("judge/blocking_s", blocking_s)
-        for label, count in zip(labels, label_counts):
-            self.log_metric(f"judge/label/{label}", count)
 
     def _write_audit(self, pending: PendingJudgement, verdicts: list[JudgeVerdict]) -> None:
         if self._audit is None:

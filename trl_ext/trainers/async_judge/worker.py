@@ -30,6 +30,7 @@ from ...judge.credit import rollout_credit
 from ...judge.event_loop import BackgroundEventLoop
 from ...judge.judge import JudgeRequest, JudgeVerdict, SpanJudge, extract_final_answer
 from ...judge.markers import build_marked_trace
+from ...judge.metrics import verdict_metrics
 from ...text import last_user_text
 from ..group_worker import GroupRolloutWorker, ScoredGroup
 from .samples import judged_sample
@@ -215,20 +216,8 @@ class JudgeRolloutWorker(GroupRolloutWorker):
     def _push_judge_metrics(
         self, verdicts: list[JudgeVerdict], credit_mass: float, outcome_mass: float, waited: float
     ) -> None:
-        rollouts = float(len(verdicts))
-        valid = float(sum(len(v.spans) for v in verdicts))
-        dropped = float(sum(len(v.dropped) for v in verdicts))
-        metrics: dict[str, Any] = {
-            "judge/failure_ratio": (float(sum(not v.ok for v in verdicts)), rollouts),
-            "judge/refused_ratio": (float(sum(v.status == "unparseable" for v in verdicts)), rollouts),
-            "judge/injection_suspected": float(sum(v.injection_suspected for v in verdicts)),
-            "judge/text_verdicts": float(sum(v.text_verdict for v in verdicts)),
-            "judge/spans_per_rollout": (valid, rollouts),
-            "judge/invalid_span_ratio": (dropped, valid + dropped),
-            "judge/share": (credit_mass, credit_mass + outcome_mass),
-            "judge/latency_p50": statistics.median(v.latency_s for v in verdicts) if verdicts else 0.0,
-            "judge/wait_s": waited,
-        }
-        for label in self.judge.label_scores:
-            metrics[f"judge/label/{label}"] = float(sum(s.label == label for v in verdicts for s in v.spans))
+        metrics: dict[str, Any] = verdict_metrics(verdicts, self.judge.label_scores, credit_mass, outcome_mass)
+        metrics = {name: value for name, value in metrics.items() if not (isinstance(value, tuple) and not value[1])}
+        metrics["judge/latency_p50"] = statistics.median(v.latency_s for v in verdicts) if verdicts else 0.0
+        metrics["judge/wait_s"] = waited
         self._push_metrics(metrics)
