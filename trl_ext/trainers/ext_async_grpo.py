@@ -134,9 +134,8 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
     # args=None: config_class("<model's last path part>-<suffix>"); None: args is required.
     default_output_suffix: ClassVar[str | None] = "AsyncGRPO"
     method_worker: ClassVar[bool] = False  # a method trainer: its own worker always (`own_worker`)
-    tools_error: ClassVar[str | None] = (
-        None  # the ValueError for tools= / environment_factory= ("{name}"); None: TRL's
-    )
+    # The ValueError for tools= / environment_factory= ("{name}": which); None: they go to TRL.
+    tools_error: ClassVar[str | None] = None
     dataset_error: ClassVar[str] = (
         "ExtAsyncGRPOTrainer with a generator= needs a train_dataset with a 'prompt' column (a string or chat "
         "messages per row)."
