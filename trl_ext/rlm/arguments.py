@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..fields import document_fields, documented
+from ..losses import LOSSES, get_loss
 from .sandbox import SandboxArguments
 from .scaffold import RLMScaffoldConfig, ScaffoldArguments
 
@@ -51,8 +52,6 @@ class StepwiseArguments(ScaffoldArguments, SandboxArguments):
     def check_stepwise_arguments(self) -> None:
         """Check these fields (each error names the field and the fix); the scaffold limits with the scaffold's own
         messages."""
-        from ..losses import LOSSES, get_loss  # here: the REPL's processes import trl_ext.rlm without torch
-
         if self.child_sampling not in CHILD_SAMPLING:
             raise ValueError(f"child_sampling={self.child_sampling!r}: set 'all' (1/k weights) or 'one'.")
         if self.rlm_loss_normalization not in LOSS_NORMALIZATIONS:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from ...fields import document_fields, documented
 from .formats import (
     INSTRUCT_SYSTEM_PROMPT,
@@ -16,6 +18,7 @@ from .formats import (
     ZERO_STOP_STRING,
     rlmt_format_dataset,
 )
+from .scorers import RewardModelScorer
 
 __all__ = ["RLMTArguments", "refuse_bare_reward_models"]
 
@@ -116,8 +119,6 @@ class RLMTArguments:
                 f"{trainer_name} has no reward: set {type(self).__name__}(reward_model_name_or_path=...) or pass "
                 "reward_funcs (e.g. a RewardModelScorer or ServedRewardModelScorer)."
             )
-        from .scorers import RewardModelScorer  # here: the scorer loads transformers' model classes
-
         return RewardModelScorer(
             self.reward_model_name_or_path,
             format=self.rlmt_format,
@@ -131,8 +132,6 @@ class RLMTArguments:
 def refuse_bare_reward_models(reward_funcs: Any, trainer_name: str, rlmt_format: str) -> None:
     """A TypeError, with the fix, for a reward model (a Hub id or a module) among ``reward_funcs``: TRL would score the
     whole completion, plan included, where RLMT scores the response only."""
-    import torch
-
     for func in reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]:
         if isinstance(func, (str, torch.nn.Module)):
             raise TypeError(
