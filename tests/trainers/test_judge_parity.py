@@ -5,6 +5,7 @@ write the same audit-log layout and judge metric names."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from datasets import Dataset
 
@@ -107,11 +108,15 @@ def test_sync_and_async_judge_credit_give_every_token_the_same_advantage(tmp_pat
     assert credited >= 2  # the judge's spans were there: tokens with credit
 
     # The same metric names (less each runtime's own: the sync step's blocking time) and the same audit lines.
-    pushed = set()
+    pushed = {}
     while not worker.metrics_queue.empty():
-        pushed |= {name for name in worker.metrics_queue.get_nowait() if name.startswith("judge/")}
-    logged = {name for name in sync._metrics["train"] if name.startswith("judge/")}
-    assert logged - {"judge/blocking_s"} == pushed and "judge/label/original_error" in pushed
+        pushed.update({k: v for k, v in worker.metrics_queue.get_nowait().items() if k.startswith("judge/")})
+    logged = {name: values[-1] for name, values in sync._metrics["train"].items() if name.startswith("judge/")}
+    assert logged.keys() - {"judge/blocking_s"} == pushed.keys() and "judge/label/original_error" in pushed
+    for name, value in pushed.items():  # and the same values, timings aside
+        if name not in ("judge/latency_p50", "judge/wait_s"):
+            expected = value[0] / value[1] if isinstance(value, tuple) else value
+            assert logged[name] == pytest.approx(expected, rel=1e-5), name
     sync_audit = JudgeAuditLog(sync.judge_audit_path).read()
     async_audit = JudgeAuditLog(tmp_path / "async" / "judge_audit.jsonl").read()
     assert len(sync_audit) == len(async_audit) == 4
