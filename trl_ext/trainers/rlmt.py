@@ -7,8 +7,9 @@ from the pure pieces in `trl_ext.rewards.rlmt`:
    adds the planning instruction as a system message, ``"zero"`` builds the base-model prefix prompt. The user's
    original prompt is kept in the column ``rlmt_original_prompt``, which is what the reward model sees.
 2. **Stop string.** ``"zero"`` generation stops at ``</response>``: vLLM gets it as a sampling ``stop`` string, and
-   every completion (vLLM or ``transformers``, whose ``generate`` cannot take stop strings from TRL) is cut after the
-   token that completes it, so tokens sampled past the stop are neither scored nor trained.
+   every completion (vLLM, ``transformers``, whose ``generate`` cannot take stop strings from TRL, or a
+   ``rollout_func``'s) is cut after the token that completes it, so tokens sampled past the stop are neither scored
+   nor trained.
 3. **Scorer.** Unless ``reward_funcs`` are given, a `RewardModelScorer` is built from
    ``reward_model_name_or_path`` with its own device, dtype, batch size and chat template; strict mode gives malformed
    completions the lowest reward.

@@ -9,6 +9,7 @@ metrics), ``model_card`` (TRL's ``_tag_names``/``_name``/``_paper``), and the bu
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Mapping
@@ -90,6 +91,8 @@ class TRLSeam(GRPOTrainer):
         super().__init__(*args, **kwargs)
         if self.use_vllm:
             use_layerwise_reload(self.vllm_generation)
+        if self.rollout_func is not None:  # TRL calls it in place of generation: its samples go through the hook too
+            self.rollout_func = _postprocessed(self.rollout_func)
 
     @property
     def batch_scope(self) -> BatchScope:
@@ -375,3 +378,18 @@ class TRLSeam(GRPOTrainer):
 def generation_buffer_file(rank: int) -> str:
     """The file of rank ``rank``'s buffered generation batch in a checkpoint folder."""
     return f"trl_ext_generation_buffer-rank{rank}.pt"
+
+
+def _postprocessed(rollout_func: Any) -> Any:
+    """TRL's ``rollout_func`` whose completions (and their log-probs) then go through the trainer's
+    `TRLSeam.postprocess_samples`, as generated ones do (TRL calls the function in place of generation)."""
+
+    @functools.wraps(rollout_func)
+    def rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        output = dict(rollout_func(prompts, trainer))
+        output["completion_ids"], output["logprobs"] = trainer.postprocess_samples(
+            output["completion_ids"], output["logprobs"]
+        )
+        return output
+
+    return rollout
