@@ -393,15 +393,9 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
         outcome = advantages.abs() if advantages.dim() == 2 else advantages.abs().unsqueeze(1)
         credit_mass, outcome_mass = (credit.abs() * keep).sum(), (outcome.to(credit.dtype) * keep).sum()
         metrics = verdict_metrics(verdicts, self.judge.label_scores, credit_mass, outcome_mass)
-        # One generation batch is every rank's: each part summed over the ranks, a rate 0 where nothing was counted.
-        parts = [part for value in metrics.values() for part in (value if isinstance(value, tuple) else (value,))]
-        sums = iter(self.global_sums(*parts, dtype=torch.float32).tolist())
-        for name, value in metrics.items():
-            if isinstance(value, tuple):
-                numerator, denominator = next(sums), next(sums)
-                self.log_metric(name, numerator / denominator if denominator else 0.0)
-            else:
-                self.log_metric(name, next(sums))
+        # One generation batch is every rank's: its counts summed over the ranks, a rate 0 where nothing was counted.
+        counts = [name for name, value in metrics.items() if not isinstance(value, tuple)]
+        self.log_rollout_metrics(metrics, counts=counts, empty_rate=0.0)
         wait_s, blocking_s = self.global_max(waited, blocking).tolist()
         device = self.accelerator.device
         latencies = self.accelerator.gather(torch.tensor([v.latency_s for v in verdicts], device=device)).tolist()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -134,17 +134,24 @@ class TRLSeam(GRPOTrainer):
         local = torch.stack([torch.as_tensor(value).detach().to(self.accelerator.device, dtype) for value in values])
         return self.accelerator.reduce(local, reduction="sum")
 
-    def log_rollout_metrics(self, metrics: Mapping[str, float | tuple[float, float]]) -> None:
+    def log_rollout_metrics(
+        self,
+        metrics: Mapping[str, float | tuple[float, float]],
+        *,
+        counts: Collection[str] = (),
+        empty_rate: float | None = None,
+    ) -> None:
         """Log a method's metrics of this rank's rollouts, reduced over all ranks as TRL's asynchronous trainer reduces
         a log window (`trl_ext.rlm.metrics`): a ``(numerator, denominator)`` pair as Σ numerators / Σ denominators
-        (nothing logged when that is 0/0), a name with the word ``total`` summed, one with ``max`` the largest. Every
-        rank must call it with the same names."""
+        (``empty_rate`` when that is 0/0; None: nothing logged), a name with the word ``total`` summed, one with
+        ``max`` the largest; the names in ``counts`` (a count of the generation batch, `trl_ext.judge.metrics`) are
+        summed too. Every rank must call it with the same names."""
         pairs, totals, maxima = [], [], []
         for name, value in metrics.items():
             words = name.rsplit("/", 1)[-1].split("_")
             if isinstance(value, tuple):
                 pairs.append(name)
-            elif "total" in words:
+            elif "total" in words or name in counts:
                 totals.append(name)
             elif "max" in words:
                 maxima.append(name)
@@ -159,6 +166,8 @@ class TRLSeam(GRPOTrainer):
             numerator, denominator = sums[2 * i], sums[2 * i + 1]
             if denominator:
                 self.log_metric(name, numerator / denominator)
+            elif empty_rate is not None:
+                self.log_metric(name, empty_rate)
         for name, total in zip(totals, sums[2 * len(pairs) :], strict=True):
             self.log_metric(name, total)
         if maxima:
