@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +106,20 @@ def end_distributed_script() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def generator_rollout_func(generator: Any, prompt_ids: Callable[[Any], list[int]]) -> Callable:
+    """TRL's ``rollout_func`` sampling from a `trl_ext.rlm.Generator`: each prompt rendered by ``prompt_ids`` (pass
+    the asynchronous worker's rendering, so both trainers see the very same tokens), the generator's completions and
+    log-probs as they are."""
+
+    def rollout(prompts: list[Any], trainer: Any) -> dict[str, list]:
+        ids = [prompt_ids(prompt) for prompt in prompts]
+        completions = generator.generate(ids)
+        return {
+            "prompt_ids": ids,
+            "completion_ids": [list(c.token_ids) for c in completions],
+            "logprobs": [list(c.logprobs) for c in completions],
+        }
+
+    return rollout

@@ -18,38 +18,11 @@ from trl_ext.trainers.async_judge import JudgeRolloutWorker
 from trl_ext.trainers.async_seam import TOKEN_CREDIT_KEY
 from trl_ext.trainers.judge_credit import JudgeCreditConfig, JudgeCreditTrainer
 
-from ..utils import cpu_config_kwargs
+from ..utils import cpu_config_kwargs, generator_rollout_func
 from .test_async_judge import ANSWERS, TurnTakingGenerator, digits
 from .test_judge_trainer import SpanPickingJudge, capturing, judge_kwargs
 
 PROMPT = "add 1 and 2"
-
-
-def scripted_rollout(tokenizer):
-    """TRL's ``rollout_func``: the prompt as one user message through the chat template (as the asynchronous worker
-    renders it), then `TurnTakingGenerator`'s completions, so both trainers score and judge the very same tokens."""
-    generator = TurnTakingGenerator(tokenizer)
-
-    def rollout(prompts, trainer):
-        prompt_ids = [
-            list(
-                tokenizer(
-                    tokenizer.apply_chat_template(
-                        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-                    ),
-                    add_special_tokens=False,
-                )["input_ids"]
-            )
-            for prompt in prompts
-        ]
-        completions = generator.generate(prompt_ids)
-        return {
-            "prompt_ids": prompt_ids,
-            "completion_ids": [list(c.token_ids) for c in completions],
-            "logprobs": [list(c.logprobs) for c in completions],
-        }
-
-    return rollout
 
 
 def test_sync_and_async_judge_credit_give_every_token_the_same_advantage(tmp_path):
@@ -60,18 +33,6 @@ def test_sync_and_async_judge_credit_give_every_token_the_same_advantage(tmp_pat
         config = JudgeCreditConfig(
             **cpu_config_kwargs(str(tmp_path / "sync"), max_completion_length=16), **judge_kwargs(server)
         )
-        sync = capturing(JudgeCreditTrainer)(
-            model,
-            digits,
-            args=config,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            rollout_func=scripted_rollout(tokenizer),
-        )
-        sync.model.train()
-        sync._generate_and_score_completions([dict(row) for row in dataset])
-        batch = sync.captured[-1]
-
         worker = JudgeRolloutWorker(
             dataset=dataset,
             reward_funcs=[digits],
@@ -84,6 +45,19 @@ def test_sync_and_async_judge_credit_give_every_token_the_same_advantage(tmp_pat
             marker_every=1,
             audit=JudgeAuditLog(tmp_path / "async" / "judge_audit.jsonl"),
         )
+        sync = capturing(JudgeCreditTrainer)(
+            model,
+            digits,
+            args=config,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            # the worker's prompt rendering and sampler: both trainers score and judge the very same tokens
+            rollout_func=generator_rollout_func(TurnTakingGenerator(tokenizer), worker.prompt_ids),
+        )
+        sync.model.train()
+        sync._generate_and_score_completions([dict(row) for row in dataset])
+        batch = sync.captured[-1]
+
         try:
             samples = worker.rollout([dataset[0]])
         finally:

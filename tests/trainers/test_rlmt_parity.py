@@ -11,7 +11,7 @@ from trl_ext.testing import build_tiny_model_and_tokenizer
 from trl_ext.trainers.async_rlmt import RLMTRolloutWorker
 from trl_ext.trainers.rlmt import RLMTConfig, RLMTTrainer
 
-from ..utils import cpu_config_kwargs
+from ..utils import cpu_config_kwargs, generator_rollout_func
 from .test_async_rlmt import QUESTIONS, ZERO_COMPLETIONS, CyclingGenerator
 
 
@@ -19,45 +19,28 @@ def response_length(completions, **kwargs):
     return [float(len(text)) for text in completions]
 
 
-def scripted_rollout(tokenizer):
-    """TRL's ``rollout_func``: the "zero" prompt tokenized as text (as the asynchronous worker does), then
-    `CyclingGenerator`'s completions, so both trainers cut, score and train the very same tokens."""
-    generator = CyclingGenerator(tokenizer, ZERO_COMPLETIONS)
-
-    def rollout(prompts, trainer):
-        prompt_ids = [list(tokenizer(text=prompt)["input_ids"]) for prompt in prompts]
-        completions = generator.generate(prompt_ids)
-        return {
-            "prompt_ids": prompt_ids,
-            "completion_ids": [list(c.token_ids) for c in completions],
-            "logprobs": [list(c.logprobs) for c in completions],
-        }
-
-    return rollout
-
-
 def test_sync_and_async_rlmt_cut_score_and_advantage_alike(tmp_path):
     model, tokenizer = build_tiny_model_and_tokenizer(0)
     config = RLMTConfig(**cpu_config_kwargs(str(tmp_path), rlmt_format="zero", max_completion_length=64, beta=0.0))
-    sync = RLMTTrainer(
-        model,
-        response_length,
-        args=config,
-        train_dataset=Dataset.from_dict({"prompt": [QUESTIONS[0]] * 4}),
-        processing_class=tokenizer,
-        rollout_func=scripted_rollout(tokenizer),
-    )
-    rows = [dict(row) for row in sync.train_dataset]
-    batch = sync._generate_and_score_completions(rows)
-
     worker = RLMTRolloutWorker(
-        dataset=sync.train_dataset,
+        dataset=config.rlmt_dataset(Dataset.from_dict({"prompt": [QUESTIONS[0]] * 4})),
         reward_funcs=[response_length],
         tokenizer=tokenizer,
         generator=CyclingGenerator(tokenizer, ZERO_COMPLETIONS),
         num_generations=4,
         stop_strings=config.stop_strings,
     )
+    sync = RLMTTrainer(
+        model,
+        response_length,
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": [QUESTIONS[0]] * 4}),
+        processing_class=tokenizer,
+        # the worker's prompt rendering and sampler: both trainers cut, score and train the very same tokens
+        rollout_func=generator_rollout_func(CyclingGenerator(tokenizer, ZERO_COMPLETIONS), worker.prompt_ids),
+    )
+    rows = [dict(row) for row in sync.train_dataset]
+    batch = sync._generate_and_score_completions(rows)
     samples = worker.rollout([rows[0]])
 
     sync_rows = {}
