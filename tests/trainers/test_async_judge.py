@@ -22,6 +22,7 @@ from trl.experimental.async_grpo.packing import TreeRow
 
 from trl_ext.judge import AsyncChatClient, SpanJudge
 from trl_ext.judge.credit import rollout_credit
+from trl_ext.judge.method import JudgeCredit
 from trl_ext.quickstart.scripted_server import ErrorReply, ScriptedChatServer
 from trl_ext.rlm import ScriptedGenerator
 from trl_ext.rlm.generators import Completion
@@ -237,13 +238,13 @@ def half_broken(judge):
 
 def make_worker(server, tmp_path, **overrides):
     _, tokenizer = build_tiny_model_and_tokenizer(0)
-    from trl_ext.judge import JudgeAuditLog
-
     client = AsyncChatClient(server.base_url, "scripted-judge", max_retries=0, timeout=5.0)
+    method = JudgeCredit(
+        SpanJudge(client, tools=[]), tokenizer, marker_every=1, audit_path=tmp_path / "judge_audit.jsonl"
+    )
     settings = dict(
         dataset=DATASET, reward_funcs=[digits], tokenizer=tokenizer, generator=TurnTakingGenerator(tokenizer),
-        judge=SpanJudge(client, tools=[]), num_generations=4, marker_every=1, verdict_reward=0,
-        audit=JudgeAuditLog(tmp_path / "judge_audit.jsonl"),
+        method=method, num_generations=4, verdict_reward=0,
     )  # fmt: skip
     settings.update(overrides)
     return JudgeRolloutWorker(**settings)

@@ -309,7 +309,8 @@ def test_judge_faults_give_zero_credit_and_training_goes_on(tmp_path):
         assert torch.equal(batch["advantages"], expected)  # zero credit, outcome advantage kept, no row dropped
     logs = [entry for entry in trainer.state.log_history if "judge/failure_ratio" in entry]
     assert [entry["judge/failure_ratio"] for entry in logs] == [1.0, 1.0]
-    assert all(entry["judge/share"] == 0.0 for entry in logs)
+    # No credit: a share of 0, or no share at all where the outcome advantages were 0 too (0/0 is not logged).
+    assert all(entry.get("judge/share", 0.0) == 0.0 for entry in logs)
     records = [json.loads(line) for line in open(trainer.judge_audit_path)]
     assert len(records) == 8 and {r["status"] for r in records} == {"failed"}
     assert all("failed after 2 attempt" in r["error"] for r in records)
@@ -350,13 +351,13 @@ def judge_records(caplog, level=None):
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "trl_ext.trainers.judge_credit" and (level is None or r.levelno == level)
+        if r.name == "trl_ext.judge.method" and (level is None or r.levelno == level)
     ]
 
 
 def test_dead_judge_endpoint_is_loud_and_training_goes_on(tmp_path, caplog):
     """A closed port: a warning at construction, one when the first batch's calls all fail, an error once the
-    outage lasts `judge_outage_loud_batches` batches (not one per batch), each naming the endpoint, the error and the
+    outage lasts `outage_loud_batches` batches (not one per batch), each naming the endpoint, the error and the
     fix; training finishes as plain GRPO."""
     url = f"http://127.0.0.1:{closed_port()}/v1"
     model, tokenizer = build_tiny_model_and_tokenizer(0)
@@ -367,7 +368,7 @@ def test_dead_judge_endpoint_is_loud_and_training_goes_on(tmp_path, caplog):
         judge_tools=[],
         judge_max_retries=0,
     )
-    with caplog.at_level(logging.WARNING, logger="trl_ext.trainers.judge_credit"):
+    with caplog.at_level(logging.WARNING, logger="trl_ext.judge.method"):
         trainer = JudgeCreditTrainer(
             model, digit_reward, args=config, train_dataset=toy_dataset(), processing_class=tokenizer
         )
@@ -375,7 +376,7 @@ def test_dead_judge_endpoint_is_loud_and_training_goes_on(tmp_path, caplog):
         assert f"judge endpoint {url} does not answer" in probe and "ConnectError" in probe
         assert "start the judge server" in probe
         caplog.clear()
-        trainer.judge_outage_loud_batches = 2
+        trainer.method.outage_loud_batches = 2
         trainer.train()
 
     assert trainer.state.global_step == 3
@@ -398,7 +399,7 @@ def test_judge_outage_names_the_http_error_and_its_recovery(tmp_path, caplog):
     with ScriptedChatServer(down_then_up) as server:
         url = server.base_url
         config = JudgeCreditConfig(**cpu_config_kwargs(str(tmp_path), max_steps=2), **judge_kwargs(server))
-        with caplog.at_level(logging.WARNING, logger="trl_ext.trainers.judge_credit"):
+        with caplog.at_level(logging.WARNING, logger="trl_ext.judge.method"):
             trainer = JudgeCreditTrainer(
                 model, digit_reward, args=config, train_dataset=toy_dataset(), processing_class=tokenizer
             )
@@ -417,7 +418,7 @@ def test_judge_model_the_endpoint_does_not_serve_is_a_warning_at_construction(tm
         config = JudgeCreditConfig(
             **cpu_config_kwargs(str(tmp_path)), **judge_kwargs(server, judge_model="Qwen/Qwen3-8B")
         )
-        with caplog.at_level(logging.WARNING, logger="trl_ext.trainers.judge_credit"):
+        with caplog.at_level(logging.WARNING, logger="trl_ext.judge.method"):
             JudgeCreditTrainer(
                 model, digit_reward, args=config, train_dataset=toy_dataset(), processing_class=tokenizer
             )

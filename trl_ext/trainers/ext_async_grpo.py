@@ -177,14 +177,14 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
             train_dataset, reward_funcs = self.method_inputs(
                 args, train_dataset, reward_funcs, kwargs.get("rollout_worker"), kwargs
             )
-        self.set_up_method(args)
+        if own_inputs and processing_class is None:
+            processing_class = AutoTokenizer.from_pretrained(model)
+        self.set_up_method(args, processing_class)
         self._fail_fast_without_server(args, generator, kwargs)
         if kwargs.get("weight_transfer") is None and PartialState().is_main_process:
             # A full-weight model off CUDA has no NCCL: its weights go through vLLM's reload from disk instead.
             kwargs["weight_transfer"] = choose_weight_transfer(model, args, peft_config=kwargs.get("peft_config"))
         if self._own_worker:
-            if processing_class is None:
-                processing_class = AutoTokenizer.from_pretrained(model)
             worker_args = dict(
                 dataset=train_dataset,
                 reward_funcs=reward_funcs,
@@ -247,8 +247,9 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
         given and ``reward_funcs``, which must be callables when the worker is this trainer's own."""
         return train_dataset, callable_reward_funcs(type(self).__name__, reward_funcs, rollout_worker)
 
-    def set_up_method(self, args: Any) -> None:
-        """What a method sets up before its worker is built (and also when a worker is passed)."""
+    def set_up_method(self, args: Any, processing_class: Any) -> None:
+        """What a method sets up before its worker is built (and also when a worker is passed); ``processing_class``:
+        the tokenizer (given, or loaded from the model)."""
 
     def served_generator_options(self) -> dict[str, Any]:
         """Keyword arguments of `install_served_generator` (``group_requests``, ``generation_kwargs``)."""

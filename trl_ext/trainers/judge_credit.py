@@ -17,7 +17,7 @@ The trainer is thin; the method lives in `trl_ext.judge`. Per generation batch:
 A judge fault (endpoint down, 429/5xx after retries, timeout, unparseable answer) gives that rollout zero credit,
 is counted in ``judge/failure_ratio`` and recorded in the audit log; the rollout keeps its outcome advantage. A
 judge that does not answer is logged: a warning when the trainer is built (`JudgeCreditTrainer._probe_judge`), and
-one when every call of a batch failed, an error once that has lasted ``judge_outage_loud_batches`` batches.
+one when every call of a batch failed, an error once that has lasted ``JudgeCredit.outage_loud_batches`` batches.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import asyncio
 import inspect
 import logging
 import math
-import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -36,23 +35,11 @@ import torch
 from torch import nn
 
 from ..jsonl import rewrite_jsonl
-from ..judge.audit import JudgeAuditLog, audit_record, text_hash
-from ..judge.batch import (
-    JudgeOutage,
-    PendingJudgement,
-    collect_verdict,
-    judge_fix,
-    optional_text,
-    prompt_text,
-    verdict_text,
-)
-from ..judge.credit import per_token_advantages, rollout_credit
-from ..judge.event_loop import BackgroundEventLoop
-from ..judge.judge import JudgeRequest, JudgeVerdict, extract_final_answer
-from ..judge.markers import build_marked_trace
-from ..judge.metrics import verdict_metrics
+from ..judge.batch import PendingJudgement, verdict_text
+from ..judge.credit import per_token_advantages
+from ..judge.judge import JudgeVerdict
+from ..judge.method import JudgeCredit, verdict_reward_index
 from ..methods import METHODS
-from ..text import last_user_text
 from .batch import loss_mask
 from .ext_grpo import ExtGRPOTrainer, written_after
 from .judge_credit_config import JudgeCreditConfig
@@ -60,9 +47,6 @@ from .requirements import changed_settings, check_trainer_inputs
 from .trl_seam import BatchScope, GeneratedBatch
 
 logger = logging.getLogger(__name__)
-
-AUDIT_FILE = "judge_audit.jsonl"
-PROBE_TIMEOUT_S = 10.0  # the longest the start-up check of the judge endpoint may take
 
 
 @dataclass
@@ -109,9 +93,6 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
     """
 
     batch_scope_class = JudgeBatchScope
-    # Consecutive batches in which every judge call failed before the warning becomes an error (then repeated at
-    # 2x, 4x, ... that many batches): by then the run is plain GRPO.
-    judge_outage_loud_batches = 5
 
     model_card = METHODS["judge-credit"]
 
@@ -131,87 +112,41 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
             column_settings=changed_settings(args, ("judge_answer_column", "judge_solution_column")),
         )
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
-        judge, sandbox_info = args.configured_judge(judge)
-        self.judge = judge
+        self.method, sandbox_info = JudgeCredit.from_arguments(
+            args,
+            self.processing_class,
+            stop_ids={*self.eos_token_ids, self.tokenizer.pad_token_id},
+            judge=judge,
+            rank=self.accelerator.process_index,
+        )
+        self.judge = self.method.judge
         if sandbox_info is not None:
             self.sandbox_info = sandbox_info  # written to the run info
-        self._judge_loop = BackgroundEventLoop()
-        self._outage = JudgeOutage(self.judge.client, log=logger)
-        self._verdict_index = self._resolve_verdict_reward(args.judge_verdict_reward)
-        self._probe_judge()
-        self._audit: JudgeAuditLog | None = None
-        if args.judge_audit_log and args.output_dir:
-            rank = self.accelerator.process_index
-            name = AUDIT_FILE if rank == 0 else AUDIT_FILE.replace(".jsonl", f".rank{rank}.jsonl")
-            self._audit = JudgeAuditLog(os.path.join(args.output_dir, name))
-
-    def _probe_judge(self) -> None:
-        """Warn now when the judge endpoint does not answer or does not serve ``judge_model``.
-
-        A warning, not an error: a judge that is down at start may come up later, and a failing judge never stops
-        training (its rollouts get zero credit, see `JudgeOutage`).
-        """
-        client = self.judge.client
-        if not hasattr(client, "probe"):
-            return
-        try:
-            probe = self._judge_loop.run(client.probe(timeout=min(self.args.judge_timeout, PROBE_TIMEOUT_S)))
-        except Exception as error:  # the probe is advice: it must never stop the trainer
-            logger.debug("Judge endpoint probe of %s failed: %r", client.base_url, error)
-            return
-        if not probe.ok:
-            error = probe.error
-            logger.warning(
-                "JudgeCreditTrainer: the judge endpoint %s does not answer (%s). Training will run, but until it "
-                "answers every rollout gets zero judge credit (plain GRPO, counted in judge/failure_ratio). Fix: %s",
-                client.base_url,
-                error.detail,
-                judge_fix(error.kind, error.status, client),
-            )
-        elif probe.models and client.model not in probe.models:
-            logger.warning(
-                "JudgeCreditTrainer: the judge endpoint %s serves %s, not judge_model=%r: every judge call may fail "
-                "and its rollouts get zero credit. Set judge_model to the name the endpoint serves.",
-                client.base_url,
-                probe.models,
-                client.model,
-            )
+        self._verdict_index = verdict_reward_index(
+            args.judge_verdict_reward,
+            self.reward_func_names,
+            [not isinstance(func, nn.Module) for func in self.reward_funcs],
+        )
+        self.method.probe(type(self).__name__, self.args.judge_timeout)
 
     @property
     def judge_audit_path(self) -> str | None:
         """Where this rank's verdicts are appended (None when the audit log is off)."""
-        return None if self._audit is None else self._audit.path
+        return None if self.method.audit is None else self.method.audit.path
 
     def discard_records_after(self, step: int) -> None:
         """Drop this rank's audit records of the steps after ``step`` (they are about to be written again)."""
         super().discard_records_after(step)
-        if self._audit is None:
+        if self.judge_audit_path is None:
             return
         dropped = rewrite_jsonl(
-            self._audit.path, keep=lambda record: not written_after(record.get("mode"), record.get("step", 0), step)
+            self.judge_audit_path,
+            keep=lambda record: not written_after(record.get("mode"), record.get("step", 0), step),
         )
         if dropped:
-            logger.info("Dropped %d judge audit record(s) of steps after %d from %s.", dropped, step, self._audit.path)
-
-    def _resolve_verdict_reward(self, setting: str) -> int | None:
-        """Index of the verifier reward function that runs early, or None for 'total'."""
-        callables = [not isinstance(func, nn.Module) for func in self.reward_funcs]
-        if setting == "total":
-            return None
-        if setting == "auto":
-            return 0 if len(self.reward_funcs) == 1 and callables[0] else None
-        if setting not in self.reward_func_names:
-            raise ValueError(
-                f"judge_verdict_reward={setting!r} is not a reward function of this trainer "
-                f"({self.reward_func_names}); use one of those names, 'auto' or 'total'."
+            logger.info(
+                "Dropped %d judge audit record(s) of steps after %d from %s.", dropped, step, self.judge_audit_path
             )
-        index = self.reward_func_names.index(setting)
-        if not callables[index]:
-            raise ValueError(
-                f"judge_verdict_reward={setting!r} is a reward model; name a callable reward function (a verifier) "
-                "or use 'total'."
-            )
-        return index
 
     def _judging(self) -> bool:
         return self.model.training or self.args.judge_on_eval
@@ -233,7 +168,7 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
             )
             scope.verifier_values = values
             name = self.reward_func_names[self._verdict_index]
-            scope.pending = self._start_judge(
+            scope.pending = self.method.start(
                 prompts, generated.completion_ids, scope.inputs, [verdict_text(name, v) for v in values]
             )
 
@@ -284,42 +219,10 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
         if self._judging() and scope.pending is None:
             scope.rewards_per_func = rewards_per_func
             totals = self._local_rewards(scope, len(prompts)).tolist()
-            scope.pending = self._start_judge(
+            scope.pending = self.method.start(
                 prompts, completion_ids_list, inputs, [verdict_text("reward", v) for v in totals]
             )
         return rewards_per_func
-
-    def _start_judge(
-        self, prompts: list, completion_ids_list: list, rows: list[dict[str, Any]], verdicts: list[str]
-    ) -> PendingJudgement:
-        started = time.perf_counter()
-        stop_ids = {*self.eos_token_ids, self.tokenizer.pad_token_id}
-        requests, judged_ids = [], []
-        for prompt, ids, row, verdict in zip(prompts, completion_ids_list, rows, verdicts, strict=True):
-            ids = [int(t) for t in (ids.tolist() if hasattr(ids, "tolist") else ids)]
-            while ids and ids[-1] in stop_ids:  # the judge reads the text, not the end-of-sequence tokens
-                ids.pop()
-            trace = build_marked_trace(self.tokenizer, ids, every=self.args.marker_every)
-            requests.append(
-                JudgeRequest(
-                    trace=trace,
-                    question=last_user_text(prompt),
-                    final_answer=extract_final_answer(trace.text),
-                    verdict=verdict,
-                    reference_answer=optional_text(row.get(self.args.judge_answer_column)),
-                    reference_solution=optional_text(row.get(self.args.judge_solution_column)),
-                )
-            )
-            judged_ids.append(ids)
-        futures = [self._judge_loop.submit(self.judge.judge(request)) for request in requests]
-        return PendingJudgement(
-            requests=requests,
-            futures=futures,
-            completion_ids=judged_ids,
-            verdicts_given=verdicts,
-            prompt_hashes=[text_hash(prompt_text(p)) for p in prompts],
-            start_seconds=time.perf_counter() - started,
-        )
 
     # ------------------------------------------------------------------------------------------------------------
     # The hook: credit into per-token advantages
@@ -341,21 +244,14 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
             pending = self._judge_from_batch(batch, inputs)
 
         waited = time.perf_counter()
-        verdicts = [collect_verdict(future) for future in pending.futures]
+        verdicts = self.method.collect(pending)
         waited = time.perf_counter() - waited
 
         trained = loss_mask(batch)
         # The cap's mean |c| runs over the trained tokens the judge read (not the trailing EOS/pad it never sees).
         credit = torch.stack(
             [
-                rollout_credit(
-                    verdict.spans if verdict.ok else [],
-                    length,
-                    len(ids),
-                    self.judge.label_scores,
-                    self.args.judge_lambda,
-                    trained=trained[row].cpu(),
-                )
+                self.method.credit(verdict, length, len(ids), trained=trained[row].cpu())
                 for row, (verdict, ids) in enumerate(zip(verdicts, pending.completion_ids, strict=True))
             ]
         )
@@ -365,10 +261,19 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
             batch["advantages"] = per_token_advantages(advantages, credit)
         else:  # an earlier hook already made them per-token
             batch["advantages"] = advantages + credit
-        self._write_audit(pending, verdicts)
-        self._outage.report(verdicts, self.state.global_step, self.judge_outage_loud_batches)
+        keep = trained.to(device=credit.device, dtype=credit.dtype)
+        outcome = advantages.abs() if advantages.dim() == 2 else advantages.abs().unsqueeze(1)
+        metrics = self.method.finish(
+            pending,
+            verdicts,
+            credit_mass=(credit.abs() * keep).sum(),
+            outcome_mass=(outcome.to(credit.dtype) * keep).sum(),
+            step=self.state.global_step,
+            mode=self.mode,
+            rank=self.accelerator.process_index,
+        )
         blocking = pending.start_seconds + time.perf_counter() - entered
-        self._log_judge_metrics(advantages, credit, trained, verdicts, waited, blocking)
+        self._log_judge_metrics(metrics, verdicts, waited, blocking)
         return batch
 
     def _judge_from_batch(self, batch: dict[str, Any], inputs: list[dict[str, Any]]) -> PendingJudgement:
@@ -378,56 +283,22 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
         rewards = batch.get("rewards")
         totals = rewards.tolist() if rewards is not None else [math.nan] * len(ids)
         prompts = [row.get("prompt", "") for row in inputs]
-        return self._start_judge(prompts, ids, inputs, [verdict_text("reward", v) for v in totals])
+        return self.method.start(prompts, ids, inputs, [verdict_text("reward", v) for v in totals])
 
     def _log_judge_metrics(
-        self,
-        advantages: torch.Tensor,
-        credit: torch.Tensor,
-        mask: torch.Tensor,
-        verdicts: list[JudgeVerdict],
-        waited: float,
-        blocking: float,
+        self, metrics: dict[str, Any], verdicts: list[JudgeVerdict], waited: float, blocking: float
     ) -> None:
-        keep = mask.to(device=credit.device, dtype=credit.dtype)
-        outcome = advantages.abs() if advantages.dim() == 2 else advantages.abs().unsqueeze(1)
-        credit_mass, outcome_mass = (credit.abs() * keep).sum(), (outcome.to(credit.dtype) * keep).sum()
-        metrics = verdict_metrics(verdicts, self.judge.label_scores, credit_mass, outcome_mass)
-        # One generation batch is every rank's: its counts summed over the ranks, a rate 0 where nothing was counted.
-        counts = [name for name, value in metrics.items() if not isinstance(value, tuple)]
-        self.log_rollout_metrics(metrics, counts=counts, empty_rate=0.0)
+        # One generation batch is every rank's: its counts summed over the ranks; a rate with nothing counted is not
+        # logged (as the asynchronous trainer).
+        self.log_rollout_metrics(
+            metrics, counts=[name for name, value in metrics.items() if not isinstance(value, tuple)]
+        )
         wait_s, blocking_s = self.global_max(waited, blocking).tolist()
         device = self.accelerator.device
         latencies = self.accelerator.gather(torch.tensor([v.latency_s for v in verdicts], device=device)).tolist()
         self.log_metric("judge/latency_p50", statistics.median(latencies) if latencies else 0.0)
         self.log_metric("judge/wait_s", wait_s)
         self.log_metric("judge/blocking_s", blocking_s)
-
-    def _write_audit(self, pending: PendingJudgement, verdicts: list[JudgeVerdict]) -> None:
-        if self._audit is None:
-            return
-        records = [
-            audit_record(
-                step=self.state.global_step,
-                mode=self.mode,
-                rank=self.accelerator.process_index,
-                row=row,
-                prompt_hash=pending.prompt_hashes[row],
-                trace=request.trace,
-                verdict_given=pending.verdicts_given[row],
-                judge_model=self.judge.client.model,
-                verdict=verdict,
-            )
-            for row, (request, verdict) in enumerate(zip(pending.requests, verdicts, strict=True))
-        ]
-        try:
-            self._audit.write(records)
-        except OSError as error:  # a full disk must not stop training either
-            logger.warning(
-                "Judge audit records of step %d not written (training goes on; the log keeps its earlier records): %s",
-                self.state.global_step,
-                error,
-            )
 
 
 def _is_async(func: Any) -> bool:

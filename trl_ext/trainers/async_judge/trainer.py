@@ -10,26 +10,17 @@ trl-ext's (``"ipo"``, the default), trains on ``A_t = A + cap_λ(c)_t``, as `Jud
 
 from __future__ import annotations
 
-import logging
-import os
 from typing import Any
 
-from ...judge.audit import JudgeAuditLog
-from ...judge.batch import judge_fix
-from ...judge.event_loop import BackgroundEventLoop
 from ...judge.judge import SpanJudge
+from ...judge.method import JudgeCredit, verdict_reward_index
 from ...methods import METHODS
 from ..async_seam import token_credit_collator
 from ..ext_async_grpo import ExtAsyncGRPOTrainer
 from .config import AsyncJudgeCreditConfig
 from .worker import JudgeRolloutWorker
 
-logger = logging.getLogger(__name__)
-
-__all__ = ["AUDIT_FILE", "AsyncJudgeCreditTrainer"]
-
-AUDIT_FILE = "judge_audit.jsonl"
-PROBE_TIMEOUT_S = 10.0  # the longest the start-up check of the judge endpoint may take
+__all__ = ["AsyncJudgeCreditTrainer"]
 
 
 class AsyncJudgeCreditTrainer(ExtAsyncGRPOTrainer):
@@ -53,8 +44,6 @@ class AsyncJudgeCreditTrainer(ExtAsyncGRPOTrainer):
     """
 
     model_card = METHODS["judge-credit"]
-    # Worker runs in which every judge call failed before the outage warning becomes an error (as JudgeCreditTrainer).
-    judge_outage_loud_batches = 5
 
     method_worker = True
     config_class = AsyncJudgeCreditConfig
@@ -90,86 +79,43 @@ class AsyncJudgeCreditTrainer(ExtAsyncGRPOTrainer):
             **kwargs,
         )
 
-    def set_up_method(self, args):
-        """The judge (the one passed, or the config's) and the audit log."""
-        self.judge, sandbox_info = args.configured_judge(self.judge)
+    def set_up_method(self, args, processing_class):
+        """The judge-credit method: the judge (the one passed, or the config's) and the audit log."""
+        self.method, sandbox_info = JudgeCredit.from_arguments(
+            args,
+            processing_class,
+            judge=self.judge,
+            loop_name="trl-ext-async-judge-loop",
+        )
+        self.judge = self.method.judge
         if sandbox_info is not None:
             self.sandbox_info = sandbox_info  # written to the run info
-        self._audit = None
-        if args.judge_audit_log and args.output_dir:
-            self._audit = JudgeAuditLog(os.path.join(args.output_dir, AUDIT_FILE))
 
     def build_rollout_worker(self, args, worker_kwargs):
+        funcs = worker_kwargs["reward_funcs"]
         return JudgeRolloutWorker(
             **worker_kwargs,
-            judge=self.judge,
-            judge_lambda=args.judge_lambda,
-            marker_every=args.marker_every,
-            verdict_reward=_verdict_reward_index(args.judge_verdict_reward, worker_kwargs["reward_funcs"]),
-            answer_column=args.judge_answer_column,
-            solution_column=args.judge_solution_column,
-            audit=self._audit,
+            method=self.method,
+            # every reward of the worker is a callable: it runs them all before the judge
+            verdict_reward=verdict_reward_index(
+                args.judge_verdict_reward,
+                [getattr(f, "__name__", type(f).__name__) for f in funcs],
+                [True] * len(funcs),
+            ),
             step=lambda: self.state.global_step,
-            outage_loud_batches=self.judge_outage_loud_batches,
         )
 
     def finish_set_up(self):
-        """The judge endpoint probed (advice only, `_probe_judge`)."""
+        """The judge endpoint probed (advice only, `JudgeCredit.probe`)."""
         if self.accelerator.is_main_process:
-            self._probe_judge()
+            self.method.probe(type(self).__name__, self.args.judge_timeout)
 
     @property
     def judge_audit_path(self) -> str | None:
         """Where the verdicts are appended (None when the audit log is off)."""
-        return None if self._audit is None else self._audit.path
+        return None if self.method.audit is None else self.method.audit.path
 
     def train_collation(self):
         """TRL's collator adds the samples' token credit to the advantages (and their loss weights, if any)
         (`trl_ext.trainers.async_seam.credit`)."""
         return token_credit_collator()
-
-    def _probe_judge(self) -> None:
-        """Warn now when the judge endpoint does not answer or does not serve ``judge_model`` (advice only: a judge
-        that is down gives zero credit, counted, and training goes on)."""
-        client = self.judge.client
-        if not hasattr(client, "probe"):
-            return
-        loop = BackgroundEventLoop(name="trl-ext-judge-probe")
-        try:
-            probe = loop.run(client.probe(timeout=min(self.args.judge_timeout, PROBE_TIMEOUT_S)))
-        except Exception as error:  # the probe is advice: it must never stop the trainer
-            logger.debug("Judge endpoint probe of %s failed: %r", client.base_url, error)
-            return
-        finally:
-            loop.close()
-        if not probe.ok:
-            logger.warning(
-                "AsyncJudgeCreditTrainer: the judge endpoint %s does not answer (%s). Training will run, but until "
-                "it answers every rollout gets zero judge credit (counted in judge/failure_ratio). Fix: %s",
-                client.base_url,
-                probe.error.detail,
-                judge_fix(probe.error.kind, probe.error.status, client),
-            )
-        elif probe.models and client.model not in probe.models:
-            logger.warning(
-                "AsyncJudgeCreditTrainer: the judge endpoint %s serves %s, not judge_model=%r: every judge call may "
-                "fail and its rollouts get zero credit. Set judge_model to the name the endpoint serves.",
-                client.base_url,
-                probe.models,
-                client.model,
-            )
-
-
-def _verdict_reward_index(setting: str, funcs: list[Any]) -> int | None:
-    """The reward function whose value the judge is shown (``judge_verdict_reward``), or None for the total."""
-    if setting == "total":
-        return None
-    if setting == "auto":
-        return 0 if len(funcs) == 1 else None
-    names = [getattr(func, "__name__", type(func).__name__) for func in funcs]
-    if setting not in names:
-        raise ValueError(
-            f"judge_verdict_reward={setting!r} is not a reward function of this trainer ({names}); use one of those "
-            "names, 'auto' or 'total'."
-        )
-    return names.index(setting)

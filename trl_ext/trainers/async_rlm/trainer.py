@@ -52,7 +52,7 @@ class AsyncStepwiseRLMTrainer(ExtAsyncGRPOTrainer):
     tools_error = "AsyncStepwiseRLMTrainer's tools are the RLM's REPL: do not pass {name}."
     dataset_error = "AsyncStepwiseRLMTrainer needs a train_dataset with a 'prompt' column (the tasks)."
 
-    def set_up_method(self, args):
+    def set_up_method(self, args, processing_class):
         """Checks the REPL sandbox now: ``isolation="strict"`` fails here, ``"auto"`` warns once if weaker, and a
         backend that cannot keep REPLs from this run (its output_dir, the served policy's endpoints) warns once."""
         sandbox = args.scaffold_config().sandbox
