@@ -66,6 +66,7 @@ from trl_ext.quickstart.toy_task import (  # noqa: E402
     parts_reward,
 )
 from trl_ext.rlm import ScriptedGenerator  # noqa: E402
+from trl_ext.rlm.method import StepwiseRLM  # noqa: E402
 from trl_ext.rlm.scaffold import ScaffoldArguments  # noqa: E402
 from trl_ext.testing import build_tiny_model_and_tokenizer  # noqa: E402
 from trl_ext.trainers.async_rlm import AsyncStepwiseRLMConfig, AsyncStepwiseRLMTrainer, RLMRolloutWorker  # noqa: E402
@@ -252,7 +253,7 @@ def run_async(
         reward_funcs=[parts_reward],
         tokenizer=tokenizer,
         generator=teacher_generator(tokenizer, latency_s),
-        scaffold=config.scaffold_config(),
+        method=StepwiseRLM(config.scaffold_config(), tokenizer),
         num_generations=NUM_GENERATIONS,
         groups_per_run=prompts,
         scale_rewards=config.scale_rewards,

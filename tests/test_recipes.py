@@ -206,7 +206,7 @@ def test_recipe_dry_run_builds_the_trainer_on_the_tiny_model(name, tiny, tmp_pat
         assert trainer.model.peft_config["default"].r == 16
     if name.startswith("rlm_"):
         assert type(trainer.reward_funcs[0]).__name__ == "RubricJudgeReward"
-        assert trainer._rlm_config.max_children == 4
+        assert trainer.method.scaffold.max_children == 4
     if name.startswith("judge_credit"):
         assert trainer.reward_funcs[0].__name__ == "accuracy_reward"
     if name.startswith("rlmt"):

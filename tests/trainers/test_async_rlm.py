@@ -17,6 +17,7 @@ from trl.experimental.async_grpo.packing import TreeRow
 
 from trl_ext.advantages import group_advantages
 from trl_ext.rlm import RLMScaffoldConfig, ScriptedGenerator
+from trl_ext.rlm.method import StepwiseRLM
 from trl_ext.rlm.tree_files import TREES_FOLDER
 from trl_ext.testing import RLM_SCRIPT_TURNS, VariantGenerator, build_tiny_model_and_tokenizer, yes_reward
 from trl_ext.trainers import ExtAsyncGRPOConfig
@@ -165,7 +166,7 @@ def test_tree_samples_are_every_turn_with_its_weight(model_dir, tmp_path):
     trainer = make_trainer(model_dir, tmp_path)
     trainer.rollout_worker.rollout([DATASET[0]])
     tree = trainer.rollout_worker.last_trees[0]
-    samples = tree_samples(tree, advantage=0.5, model_version=3, group_id=7, metrics={"reward": 1.0})
+    samples = tree_samples(tree.turn_samples(), advantage=0.5, model_version=3, group_id=7, metrics={"reward": 1.0})
     turns = [(node, turn) for node in tree.nodes for turn in node.turns]
     assert len(samples) == len(turns) == RLM_SCRIPT_TURNS["root task"]
     weights = tree.weights()
@@ -177,7 +178,9 @@ def test_tree_samples_are_every_turn_with_its_weight(model_dir, tmp_path):
         node_tokens = sum(len(t.action_ids) for t in node.turns)
         assert sample.metrics["trl_ext/token_weight"] == pytest.approx(weights[node.id] / node_tokens)
     assert sum(s.metrics["trl_ext/root_share"] for s in samples) == pytest.approx(1.0)
-    roots_only = tree_samples(tree, advantage=0.5, model_version=3, group_id=7, metrics={}, train_children=False)
+    roots_only = tree_samples(
+        tree.turn_samples(train_children=False), advantage=0.5, model_version=3, group_id=7, metrics={}
+    )
     assert len(roots_only) == len(tree.root.turns)
 
 
@@ -232,8 +235,8 @@ def test_each_run_writes_its_trees_and_a_resumed_run_never_reuses_a_file(model_d
     before = {path.name: path.read_bytes() for path in folder.iterdir()}
     resumed = RLMRolloutWorker(
         dataset=DATASET, reward_funcs=[yes_reward], tokenizer=tokenizer,
-        generator=VariantGenerator(tokenizer), scaffold=RLMScaffoldConfig(max_depth=2, max_turns=4),
-        num_generations=4, trees_dir=folder,
+        generator=VariantGenerator(tokenizer),
+        method=StepwiseRLM(RLMScaffoldConfig(max_depth=2, max_turns=4), tokenizer, trees_dir=folder), num_generations=4,
     )  # fmt: skip
     resumed.update_model_version(3)
     resumed.rollout([DATASET[0]])
@@ -285,7 +288,8 @@ def make_worker(model_dir, generator_failures: int):
     return RLMRolloutWorker(
         dataset=DATASET, reward_funcs=[yes_reward], tokenizer=tokenizer,
         generator=FlakyGenerator(tokenizer, generator_failures),
-        scaffold=RLMScaffoldConfig(max_depth=2, max_turns=4), num_generations=2, max_consecutive_errors=2,
+        method=StepwiseRLM(RLMScaffoldConfig(max_depth=2, max_turns=4), tokenizer), num_generations=2,
+        max_consecutive_errors=2,
     )  # fmt: skip
 
 

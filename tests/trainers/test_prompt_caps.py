@@ -90,7 +90,7 @@ def test_stepwise_turn_prompts_stop_at_the_model_positions_and_are_counted(tmp_p
     # The scripted trees' first turns need 1,191–1,283 tokens and later turns up to 1,433: 1,300 leave some nodes
     # without room for their second or third turn.
     trainer = make_trainer(tmp_path, model_config=dict(max_position_embeddings=1308), save_rollout_trees=False)
-    assert trainer._rlm_config.max_prompt_tokens == 1300  # None: the positions minus max_completion_length=8
+    assert trainer.method.scaffold.max_prompt_tokens == 1300  # None: the positions minus max_completion_length=8
     trainer.model.train()
     trainer._generate_and_score_completions(generation_inputs())
     nodes = [node for tree in trainer.last_rollout_trees for node in tree.nodes]
@@ -104,4 +104,4 @@ def test_stepwise_config_names_its_own_prompt_cap(tmp_path):
     with pytest.raises(ValueError, match="set max_prompt_tokens"):
         StepwiseRLMConfig(**cpu_config_kwargs(str(tmp_path), max_prompt_length=512))
     trainer = make_trainer(tmp_path, save_rollout_trees=False, max_prompt_tokens=3000)
-    assert trainer._rlm_config.max_prompt_tokens == 3000  # an explicit cap is the user's
+    assert trainer.method.scaffold.max_prompt_tokens == 3000  # an explicit cap is the user's

@@ -49,7 +49,7 @@ def test_sync_and_async_trainers_log_the_same_rlm_metric_names_and_values(tmp_pa
         reward_funcs=[yes_reward],
         tokenizer=trainer.processing_class,
         generator=VariantGenerator(trainer.processing_class),
-        scaffold=trainer._rlm_config,
+        method=trainer.method,  # the very method object the synchronous trainer drives
         num_generations=4,
     )
     samples = worker.rollout([generation_inputs(count=1)[0]])
@@ -80,7 +80,7 @@ def test_sync_and_async_trainers_give_the_same_loss_and_gradient(tmp_path):
     sync.processing_class.save_pretrained(model_dir)
     asynchronous = make_async_trainer(model_dir, tmp_path / "async", sync.processing_class)
     worker = asynchronous.rollout_worker
-    worker.scaffold = sync._rlm_config  # the same scaffold: the same prompt cap, the same trees
+    worker.method.scaffold = sync.method.scaffold  # the same scaffold: the same prompt cap, the same trees
     samples = worker.rollout([generation_inputs(count=1)[0]])
     assert sorted(json.dumps(tree.to_dict()) for tree in worker.last_trees) == sorted(
         json.dumps(tree.to_dict()) for tree in sync.last_rollout_trees

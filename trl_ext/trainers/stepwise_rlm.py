@@ -16,9 +16,7 @@ Flow of one generation batch (each rank, its own B = prompts × G rows):
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
 import random
 import warnings
 from dataclasses import dataclass, field
@@ -32,17 +30,10 @@ from trl.trainer.utils import pad, use_adapter
 from ..advantages import broadcast_advantages, stepwise_loss_weights
 from ..losses import importance_sampling_ratio
 from ..methods import METHODS
-from ..rlm import EngineStats, RLMEngine, RLMTask, RolloutTree, canonical_rollout_order
-from ..rlm.generators import (
-    CanonicalOrderGenerator,
-    TransformersGenerator,
-    VLLMColocateGenerator,
-    VLLMServerGenerator,
-)
-from ..rlm.metrics import rollout_metrics
-from ..rlm.sandbox import isolation_report, resolve_isolation
-from ..rlm.tree_files import TREES_FOLDER, TreeFile, save_trees, tree_file
-from ..text import last_user_text
+from ..rlm import EngineStats, RolloutTree, canonical_rollout_order
+from ..rlm.generators import TransformersGenerator, VLLMColocateGenerator, VLLMServerGenerator
+from ..rlm.method import StepwiseRLM, answered_rewards, rollout_metrics
+from ..rlm.tree_files import TREES_FOLDER, TreeFile
 from .ext_grpo import ExtGRPOTrainer, written_after
 from .requirements import changed_settings, check_trainer_inputs
 from .stepwise_rlm_config import StepwiseRLMConfig
@@ -105,45 +96,38 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
         with warnings.catch_warnings():  # the rollout function is ours, not the user's experimental one
             warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
             super().__init__(model, reward_funcs, args, *pargs, rollout_func=_rlm_rollout, **kwargs)
-        self._rlm_config = args.scaffold_config()
-        if self._rlm_config.max_prompt_tokens is None:  # no turn prompt may outgrow the model's positions
-            self._rlm_config = dataclasses.replace(self._rlm_config, max_prompt_tokens=self.max_prompt_length)
-        resolve_isolation(self._rlm_config.sandbox)  # isolation="strict" fails now; "auto" warns once if weaker
-        self.sandbox_info = isolation_report(self._rlm_config.sandbox)  # written to the run info
+        # The method (`StepwiseRLM.from_arguments`: the sandbox checked now); no turn prompt may outgrow the model's
+        # positions.
+        self.method, self.sandbox_info = StepwiseRLM.from_arguments(args, self.processing_class)
+        self.method.cap_prompts(self.max_prompt_length)
         self.last_rollout_trees: list[RolloutTree] = []  # the trees of the last generation batch (for inspection)
 
     # ------------------------------------------------------------------------------------------------ rollouts
     def make_generator(self):
-        """The policy's sampler for the engine (the ``generator=`` passed in, else transformers or TRL's vLLM), wrapped in
-        `CanonicalOrderGenerator`."""
+        """The policy's sampler for the engine: the ``generator=`` passed in, else transformers or TRL's vLLM."""
         if self._rlm_generator is not None:
-            generator = self._rlm_generator
-        elif not self.use_vllm:
-            generator = TransformersGenerator.from_trainer(self)
-        elif self.vllm_mode == "colocate":
-            generator = VLLMColocateGenerator.from_trainer(self)
-        else:
-            generator = VLLMServerGenerator.from_trainer(self)
-        # Requests arrive in the order the REPL cells finished; sorting them makes the samples a function of the seed.
-        return CanonicalOrderGenerator(generator)
+            return self._rlm_generator
+        if not self.use_vllm:
+            return TransformersGenerator.from_trainer(self)
+        if self.vllm_mode == "colocate":
+            return VLLMColocateGenerator.from_trainer(self)
+        return VLLMServerGenerator.from_trainer(self)
 
     def run_rollouts(self, prompts: list[Any]) -> dict[str, list]:
         """Run one RLM tree per prompt; return TRL's rollout dict with each root's final answer as completion."""
         scope = self.batch_scope  # TRL passes the rollout function the prompts only; the context column is here
-        contexts = [row.get(self.args.context_column) for row in scope.inputs]
+        contexts = self.method.contexts(scope.inputs)
         if len(contexts) != len(prompts):
             contexts = [None] * len(prompts)
-        tasks = [RLMTask(prompt=last_user_text(prompt), context=context) for prompt, context in zip(prompts, contexts)]
-        engine = RLMEngine(self.make_generator(), self.processing_class, self._rlm_config)
         was_training = self.model.training
         self.model.eval()
         try:
-            trees = engine.run(tasks)
+            trees, stats = self.method.rollouts(self.make_generator(), self.method.tasks(prompts, contexts))
         finally:
             self.model.train(was_training)
         # Interchangeable rollouts of one example in a canonical order, so the same seed gives the same batch.
         trees = [trees[i] for i in canonical_rollout_order(trees, scope.inputs, self.args.context_column)]
-        scope.trees, scope.stats = trees, engine.stats
+        scope.trees, scope.stats = trees, stats
         self.last_rollout_trees = trees
         eos = self.processing_class.eos_token_id
         answers = [tree.final_answer for tree in trees]
@@ -153,8 +137,11 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
             else [eos]
             for answer in answers
         ]
-        if self.args.save_rollout_trees:
-            self.log_completion_column("rlm_tree", self._save_trees(trees))
+        if self.method.trees_dir is not None:  # this step's file: the policy version is the global step
+            writer = f"rank{self.accelerator.process_index}"
+            self.log_completion_column(
+                "rlm_tree", self.method.save_trees(trees, self.mode, self.state.global_step, writer)
+            )
         return {
             "prompt_ids": [tree.root.turns[0].prompt_ids if tree.root.turns else [eos] for tree in trees],
             "completion_ids": completion_ids,
@@ -177,28 +164,11 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
                 "Removed %d rollout-tree file(s) of steps after %d from %s (redone now).", removed, step, folder
             )
 
-    def _save_trees(self, trees: list[RolloutTree]) -> list[str]:
-        """Append the trees to this step's file (`trl_ext.rlm.tree_files`: the policy version is the global step, the
-        writer this rank); return one ``path#line`` reference (0-based line) per tree for the log table, or
-        ``"not saved: <reason>"`` per tree when the file cannot be written (a warning; training goes on)."""
-        folder = Path(self.args.output_dir) / TREES_FOLDER
-        writer = f"rank{self.accelerator.process_index}"
-        path = tree_file(folder, self.mode, self.state.global_step, writer)
-        try:
-            start = save_trees(path, trees, self.processing_class)
-        except OSError as error:
-            logger.warning("Rollout trees of this step not saved to %s (training goes on): %s", path, error)
-            reason = os.strerror(error.errno) if error.errno else type(error).__name__
-            return [f"not saved: {reason}"] * len(trees)
-        return [f"{path}#{start + index}" for index in range(len(trees))]
-
     def compute_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super().compute_rewards(inputs, prompts, completions, completion_ids_list)
-        # docs/rlm_scaffold.md: a root that never answered gets reward 0, whatever the reward functions make of "".
         has_answer = torch.tensor([bool(row.get("rlm_has_answer", True)) for row in inputs], device=rewards.device)
-        has_answer = self.accelerator.gather(has_answer)
-        rewards[~has_answer] = 0.0  # in place: the tensor the base trainer keeps for the hook
-        return rewards
+        # in place: the tensor the base trainer keeps for the hook
+        return answered_rewards(rewards, self.accelerator.gather(has_answer))
 
     # ------------------------------------------------------------------------------------------------ rows
     def process_scored_batch(self, batch: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -258,10 +228,7 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
         rows = []
         rng = self.child_sampling_rng()
         for root_index, tree in enumerate(trees):
-            turns = tree.turn_samples(
-                train_children=self.args.train_children, child_sampling=self.args.child_sampling, rng=rng
-            )
-            rows += [{**vars(turn), "root": root_index} for turn in turns]
+            rows += [{**vars(turn), "root": root_index} for turn in self.method.turn_samples(tree, rng)]
         if not rows:
             raise RuntimeError("No rollout produced a single action token: check the generator.")
         return rows

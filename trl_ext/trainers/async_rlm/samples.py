@@ -2,7 +2,7 @@
 
 One prompt's ``G`` trees form one group: rewards on the roots' final answers (a root that never answered gets 0), the
 group advantage as the synchronous trainer computes it (`trl_ext.advantages.group_advantages`), then one
-`RolloutSample` per turn of every trained node (`tree_samples`): input_ids = the exact prompt ids the generator saw +
+`RolloutSample` per turn of every trained node (`tree_samples`, from `StepwiseRLM.turn_samples`): input_ids = the exact prompt ids the generator saw +
 the action ids, the completion mask over the action, the sampler's log-probs as p_old, the root's advantage, and under
 ``rlm_loss_normalization="subtree"`` the node's per-token weight ``W(v)/n_v`` with the sample's share of its root
 (`trl_ext.trainers.async_seam.weighted_sample_metrics`), which the loss turns into ``mean_g L_subtree(root_g)``.
@@ -10,11 +10,10 @@ the action ids, the completion mask over the action, the sampler's log-probs as 
 
 from __future__ import annotations
 
-import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...rlm import RolloutTree
+from ...rlm import TurnSample
 from ..async_seam import RolloutSample, weighted_sample_metrics
 from ..async_worker import rollout_sample
 
@@ -22,7 +21,7 @@ __all__ = ["tree_samples"]
 
 
 def tree_samples(
-    tree: RolloutTree,
+    turns: Sequence[TurnSample],
     *,
     advantage: float,
     model_version: int,
@@ -31,14 +30,12 @@ def tree_samples(
     prompt: Any = None,
     completion: Any = None,
     weighted: bool = True,
-    train_children: bool = True,
-    child_sampling: str = "all",
-    rng: random.Random | None = None,
 ) -> list[RolloutSample]:
-    """One `RolloutSample` per turn (with at least one action token) of every trained node of ``tree``.
+    """One `RolloutSample` per trained turn of one tree.
 
     Args:
-        tree: a root rollout and its descendants.
+        turns: what the tree trains on (`RolloutTree.turn_samples`, `StepwiseRLM.turn_samples`: every turn with at
+            least one action token of every trained node, with its node's ``W(v)`` and ``n_v``).
         advantage: the root's group advantage ``A_g``; every sample inherits it.
         model_version: the policy version every sample is tagged with (the trainer drops it past ``max_staleness``).
         group_id: the prompt group (TRL packs a group's samples in one row, sharing their prefixes).
@@ -47,14 +44,11 @@ def tree_samples(
         weighted: add the loss weights of the "subtree" normalisation: the node's ``W(v)/n_v`` per token
             (``n_v``: the action tokens of all of v's trained turns) and the sample's root share
             ``W(v)/n_v · |action| / Σ_u W(u)`` (the tree's samples share 1). False: every turn an ordinary sample.
-        train_children, child_sampling, rng: which nodes are trained and their ``W(v)``
-            (`trl_ext.advantages.trained_node_weights`).
 
     Returns:
         The samples, nodes in pre-order, turns in order. Input ids, mask and log-probs are ``(P + C,)`` arrays with
         ``P`` the turn's prompt tokens and ``C`` its action tokens; the log-probs are 0 over the prompt.
     """
-    turns = tree.turn_samples(train_children=train_children, child_sampling=child_sampling, rng=rng)
     tree_mass = sum({turn.node: turn.weight for turn in turns}.values())  # Σ_u W(u): the tree's token weights, summed
     samples = []
     for turn in turns:

@@ -11,12 +11,9 @@ as in `StepwiseRLMTrainer`: for ``"ipo"`` through the loss's ``weights=`` (its Ï
 
 from __future__ import annotations
 
-import dataclasses
-import os
-
 from ...methods import METHODS
-from ...rlm.sandbox import isolation_report, resolve_isolation, warn_run_exposure
-from ...rlm.tree_files import TREES_FOLDER
+from ...rlm.method import StepwiseRLM
+from ...rlm.sandbox import warn_run_exposure
 from ..async_seam import LOSS_WEIGHTS_KEY
 from ..ext_async_grpo import ExtAsyncGRPOTrainer
 from ..prompt_cap import prompt_cap
@@ -53,34 +50,23 @@ class AsyncStepwiseRLMTrainer(ExtAsyncGRPOTrainer):
     dataset_error = "AsyncStepwiseRLMTrainer needs a train_dataset with a 'prompt' column (the tasks)."
 
     def set_up_method(self, args, processing_class):
-        """Checks the REPL sandbox now: ``isolation="strict"`` fails here, ``"auto"`` warns once if weaker, and a
-        backend that cannot keep REPLs from this run (its output_dir, the served policy's endpoints) warns once."""
-        sandbox = args.scaffold_config().sandbox
-        resolve_isolation(sandbox)
-        self.sandbox_info = isolation_report(sandbox)  # written to the run info
-        warn_run_exposure(sandbox, args.output_dir, type(self).__name__)
+        """The stepwise RLM method (`StepwiseRLM.from_arguments`: the sandbox checked now), and a warning when the
+        sandbox cannot keep REPLs from this run (its output_dir, the served policy's endpoints)."""
+        self.method, self.sandbox_info = StepwiseRLM.from_arguments(args, processing_class)
+        warn_run_exposure(self.method.scaffold.sandbox, args.output_dir, type(self).__name__)
 
     def build_rollout_worker(self, args, worker_kwargs):
         return RLMRolloutWorker(
             **worker_kwargs,
-            scaffold=args.scaffold_config(),
-            context_column=args.context_column,
+            method=self.method,
             weighted=args.rlm_loss_normalization == "subtree",
-            train_children=args.train_children,
-            child_sampling=args.child_sampling,
-            trees_dir=os.path.join(args.output_dir, TREES_FOLDER) if args.save_rollout_trees else None,
             seed=args.seed,
         )
 
     def finish_set_up(self):
         """``max_prompt_tokens=None`` caps the turns' prompts at the model's positions minus
         ``max_completion_length`` (known now that the model is loaded)."""
-        worker = self.rollout_worker
-        if not self._own_worker or worker is None or worker.scaffold.max_prompt_tokens is not None:
-            return
-        cap = prompt_cap(None, self.model, self.args)
-        if cap is not None:
-            worker.scaffold = dataclasses.replace(worker.scaffold, max_prompt_tokens=cap)
+        self.method.cap_prompts(prompt_cap(None, self.model, self.args))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """`ExtAsyncGRPOTrainer`'s loss; under "subtree" a batch must carry the samples' loss weights."""

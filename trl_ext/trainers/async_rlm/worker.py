@@ -1,7 +1,8 @@
 """`RLMRolloutWorker`: TRL's ``RolloutWorkerProtocol`` producing stepwise RLM samples (docs/stepwise_rlm.md).
 
-A background thread of the trainer process runs `RLMEngine` (its REPLs are sandboxed subprocesses already, so TRL's
-spawned child is not needed): for each prompt of the dataset, in order and cycling, ``num_generations`` root rollouts
+A background thread of the trainer process runs the stepwise RLM method (`trl_ext.rlm.method.StepwiseRLM`, the one
+the synchronous trainer drives too; its REPLs are sandboxed subprocesses already, so TRL's spawned child is not
+needed): for each prompt of the dataset, in order and cycling, ``num_generations`` root rollouts
 (their children included, ``rlm_query_batched`` batched by the engine) against the policy; rewards from the reward
 functions on the roots' final answers (a root that never answered gets 0, as in `StepwiseRLMTrainer`); the group
 advantage (`trl_ext.advantages.group_advantages`); then one `RolloutSample` per turn of every trained node
@@ -17,7 +18,7 @@ A failing run (the generator, a reward function) is logged with its traceback, c
 ``rlm/worker_errors_total`` and retried with the next prompts; ``max_consecutive_errors`` failures in a row stop the
 thread, and then `check_health` (called by the trainer while it waits for samples) raises with the cause.
 
-Rollout trees. With ``trees_dir``, every run's trees are appended, one JSON line each (`RolloutTree.to_dict`, as
+Rollout trees. With the method's ``trees_dir``, every run's trees are appended, one JSON line each (`RolloutTree.to_dict`, as
 `StepwiseRLMTrainer` writes them), to ``<trees_dir>/train-v<version>-run<run>.jsonl`` before they are scored: the
 policy version the run started from and the run's number. The numbering continues after the highest run already in
 the folder, so a resumed run (whose version counter restarts at the checkpoint's) writes new files and never adds
@@ -26,22 +27,18 @@ to, or overwrites, an earlier run's.
 
 from __future__ import annotations
 
-import logging
-import os
 import random
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-from ...rlm import RLMEngine, RLMScaffoldConfig, RLMTask, RolloutTree
-from ...rlm.generators import CanonicalOrderGenerator, Completion, Generator
-from ...rlm.metrics import rollout_metrics
-from ...rlm.tree_files import next_run, save_trees, tree_file
-from ...text import last_user_text
+import torch
+
+from ...rlm import RolloutTree
+from ...rlm.generators import Completion, Generator
+from ...rlm.method import StepwiseRLM, answered_rewards, rollout_metrics
+from ...rlm.tree_files import next_run
 from ..async_worker import ThreadedRolloutWorker, as_completions, group_metrics, population_std, reward_table
 from .samples import tree_samples
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["RLMRolloutWorker"]
 
@@ -64,11 +61,8 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
     """Stepwise RLM rollouts for TRL's asynchronous trainer (``rollout_worker=``), in a thread of this process.
 
     Args:
-        scaffold: the RLM scaffold and sandbox settings.
-        context_column: the dataset column with each task's REPL context (absent: the prompt is the context).
+        method: the `StepwiseRLM` (scaffold and sandbox, context column, trained nodes, tree folder).
         weighted: carry the "subtree" loss weights (``rlm_loss_normalization="subtree"``).
-        train_children, child_sampling: which nodes are trained (`trl_ext.advantages.trained_node_weights`).
-        trees_dir: the folder every run's trees are written to (module docstring); None: not written.
         seed: seeds the ``child_sampling="one"`` draws.
         worker_args: those of `ThreadedRolloutWorker`: ``dataset`` (rows with a ``prompt``, a string or chat
             messages whose last user message is the task), ``reward_funcs`` (given each root's final answer as the
@@ -87,27 +81,12 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
     metric_prefix = "rlm"
     in_flight = "an engine run is still going"
 
-    def __init__(
-        self,
-        *,
-        scaffold: RLMScaffoldConfig,
-        context_column: str = "context",
-        weighted: bool = True,
-        train_children: bool = True,
-        child_sampling: str = "all",
-        trees_dir: str | os.PathLike[str] | None = None,
-        seed: int = 0,
-        **worker_args: Any,
-    ) -> None:
+    def __init__(self, *, method: StepwiseRLM, weighted: bool = True, seed: int = 0, **worker_args: Any) -> None:
         super().__init__(**worker_args)
-        self.scaffold = scaffold
-        self.context_column = context_column
+        self.method = method
         self.weighted = weighted
-        self.train_children = train_children
-        self.child_sampling = child_sampling
         self.last_trees: list[RolloutTree] = []  # the trees of the last run (for inspection)
-        self.trees_dir = None if trees_dir is None else Path(trees_dir)
-        self.runs = next_run(self.trees_dir)
+        self.runs = next_run(method.trees_dir)
         self._rng = random.Random(seed)
 
     # ------------------------------------------------------------------------------ one run
@@ -115,47 +94,39 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
         """Sample, score and turn into samples ``num_generations`` trees for each of ``rows`` (one engine run)."""
         version = self.model_version  # the version of the trees' first turns (module docstring)
         run, self.runs = self.runs, self.runs + 1
-        tasks = [
-            RLMTask(prompt=last_user_text(row["prompt"]), context=row.get(self.context_column))
-            for row in rows
-            for _ in range(self.num_generations)
-        ]
-        generator = _Heartbeat(CanonicalOrderGenerator(self.generator), self._tick)
-        engine = RLMEngine(generator, self.tokenizer, self.scaffold, chat_template_kwargs=self.chat_template_kwargs)
-        trees = engine.run(tasks)
+        roots = [row for row in rows for _ in range(self.num_generations)]
+        tasks = self.method.tasks([row["prompt"] for row in roots], self.method.contexts(roots))
+        trees, stats = self.method.rollouts(_Heartbeat(self.generator, self._tick), tasks)
         self.last_trees = trees
-        if self.trees_dir is not None:
-            self._save_trees(trees, version, run)
+        self.method.save_trees(trees, "train", version, f"run{run:06d}")
         samples: list[Any] = []
         for index, row in enumerate(rows):
             group = trees[index * self.num_generations : (index + 1) * self.num_generations]
             samples += self._group_samples(row, group, version)
-        self._push_run_metrics(trees, engine.stats, len(samples))
+        # TRL reduces a rate over the log window (Σ numerators / Σ denominators): one with nothing counted is left out.
+        metrics = rollout_metrics(trees, stats, len(samples))
+        self._push_metrics({k: v for k, v in metrics.items() if not (isinstance(v, tuple) and not v[1])})
         return samples
 
     def _group_samples(self, row: dict[str, Any], trees: list[RolloutTree], version: int) -> list[Any]:
         answers = [tree.final_answer for tree in trees]
         per_func = self._rewards(row, answers)
-        # A root that never answered gets 0, whatever the functions make of "" (as `StepwiseRLMTrainer`).
-        rewards = [0.0 if answer is None else reward for answer, reward in zip(answers, self.summed_rewards(per_func))]
+        answered = torch.tensor([answer is not None for answer in answers])
+        rewards = answered_rewards(torch.tensor(self.summed_rewards(per_func), dtype=torch.float64), answered).tolist()
         advantages = self.group_advantages(rewards)
         reward_std = population_std(rewards)
         group_id, self.groups = self.groups, self.groups + 1
         samples = []
         for tree_index, (tree, advantage, reward) in enumerate(zip(trees, advantages, rewards, strict=True)):
-            metrics = group_metrics(tree_index, reward, reward_std, self.reward_func_names, per_func)
             samples += tree_samples(
-                tree,
+                self.method.turn_samples(tree, self._rng),
                 advantage=advantage,
                 model_version=version,
                 group_id=group_id,
-                metrics=metrics,
+                metrics=group_metrics(tree_index, reward, reward_std, self.reward_func_names, per_func),
                 prompt=tree.root.task,
                 completion=tree.final_answer or "",
                 weighted=self.weighted,
-                train_children=self.train_children,
-                child_sampling=self.child_sampling,
-                rng=self._rng,
             )
         return samples
 
@@ -173,18 +144,3 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
             **columns,
         )
         return reward_table(self.reward_funcs, self.reward_func_names, kwargs, size)
-
-    def _save_trees(self, trees: list[RolloutTree], version: int, run: int) -> None:
-        """Append the run's trees to its file (`trl_ext.rlm.tree_files`); a failed write is a warning, and the run
-        goes on."""
-        path = tree_file(self.trees_dir, "train", version, f"run{run:06d}")
-        try:
-            save_trees(path, trees, self.tokenizer)
-        except OSError as error:
-            logger.warning("Rollout trees of run %d not saved to %s (training goes on): %s", run, path, error)
-
-    def _push_run_metrics(self, trees: list[RolloutTree], stats: Any, num_samples: int) -> None:
-        """The run's RLM metrics (`trl_ext.rlm.metrics`, the synchronous trainer's), rates without a denominator
-        left out: TRL reduces the rest over the log window."""
-        metrics = rollout_metrics(trees, stats, num_samples)
-        self._push_metrics({k: v for k, v in metrics.items() if not (isinstance(v, tuple) and not v[1])})
