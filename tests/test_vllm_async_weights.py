@@ -1,5 +1,5 @@
 """`ExtAsyncGRPOTrainer` without PEFT against a real `vllm serve`: full weights synced through the disk and vLLM's
-reload (`trl_ext.trainers.weight_sync.DiskWeightTransfer`), no NCCL.
+reload (`trl_ext.serving.weight_sync.DiskWeightTransfer`), no NCCL.
 
 One server for the module (`tests/vllm_server.py`: vLLM's CPU build, float32, dev mode), not the session's shared
 one: the run changes its base weights, and it serves an *untied* copy of the tiny chat model (vLLM's reload does not
@@ -63,8 +63,8 @@ def server(work_dir, model_dir):
 def trained(work_dir, model_dir, server) -> TrainedRun:
     from datasets import Dataset
 
+    from trl_ext.serving.weight_sync import DiskWeightTransfer, choose_weight_transfer
     from trl_ext.trainers import ExtAsyncGRPOConfig, ExtAsyncGRPOTrainer
-    from trl_ext.trainers.weight_sync import DiskWeightTransfer, choose_weight_transfer
 
     prompts = [[{"role": "system", "content": "Count."}, {"role": "user", "content": f"to {i}"}] for i in range(32)]
     args = ExtAsyncGRPOConfig(
@@ -132,7 +132,7 @@ def test_server_generates_with_the_trained_full_weights(trained):
 
 
 def test_a_tied_head_is_refused_by_this_cpu_server(server, tmp_path):
-    from trl_ext.trainers.weight_sync import DiskWeightTransfer
+    from trl_ext.serving.weight_sync import DiskWeightTransfer
 
     transfer = DiskWeightTransfer(server.url, tmp_path / "weights", tied_lm_head=True)
     with pytest.raises(RuntimeError, match="ties its LM head.*runs on the CPU"):

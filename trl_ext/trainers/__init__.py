@@ -27,7 +27,7 @@ _LAZY = {
     "AsyncStepwiseRLMTrainer": "trl_ext.trainers.async_rlm",
     "ExtAsyncGRPOConfig": "trl_ext.trainers.ext_async_grpo_config",
     "ExtAsyncGRPOTrainer": "trl_ext.trainers.ext_async_grpo",
-    "LocalPolicy": "trl_ext.trainers.local_policy",
+    "LocalPolicy": "trl_ext.serving.local_policy",
 }
 
 __all__ = [

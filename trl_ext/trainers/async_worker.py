@@ -26,8 +26,8 @@ import numpy as np
 
 from ..advantages import SCALE_REWARDS, scored_advantages
 from ..rlm.generators import SamplingSettings
+from ..serving.served_policy import ServedPolicyGenerator
 from .async_seam import RolloutSample, served_policy_names
-from .served_policy import ServedPolicyGenerator
 
 logger = logging.getLogger(__name__)
 

@@ -32,15 +32,15 @@ from ..callback_order import put_before_loggers_where_asked
 from ..fields import unknown_keywords_message
 from ..losses import LossSpec, get_loss, ppo_clip_loss
 from ..methods import METHODS
+from ..serving.local_policy import LocalPolicy, pair_local_policy
+from ..serving.server_probe import FAIL_FAST_PREFIXES, probe_server
+from ..serving.weight_sync import choose_weight_transfer
 from .async_faults import watch_server
 from .async_seam import LOSS_WEIGHTS_KEY, AsyncSeam, TreeForward, fold_loss_weights, loss_weight_collator
 from .async_worker import ThreadedRolloutWorker, callable_reward_funcs, groups_per_run, install_served_generator
 from .ext_async_grpo_config import ExtAsyncGRPOConfig
 from .group_worker import GroupRolloutWorker
 from .learning_signal import LearningSignalWatch
-from .local_policy import LocalPolicy, pair_local_policy
-from .server_probe import FAIL_FAST_PREFIXES, probe_server
-from .weight_sync import choose_weight_transfer
 
 logger = logging.getLogger(__name__)
 

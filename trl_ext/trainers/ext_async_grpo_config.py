@@ -23,9 +23,9 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 from ..advantages import SCALE_REWARDS
 from ..fields import document_fields, documented, mirror_field
 from ..losses import LOSSES
+from ..serving.weight_sync import WEIGHT_SYNC_CHOICES
 from .ext_grpo_config import PrecisionArguments
 from .loss_arguments import LossArguments
-from .weight_sync import WEIGHT_SYNC_CHOICES
 
 __all__ = [
     "AsyncMethodConfig",

@@ -2,12 +2,12 @@
 
 - `AsyncStepwiseRLMTrainer` / `AsyncStepwiseRLMConfig`: the trainer and its settings (`StepwiseRLMConfig`'s names).
 - `RLMRolloutWorker`: TRL's ``RolloutWorkerProtocol``: RLM trees in a thread, one sample per turn of every node.
-- `ServedPolicyGenerator` (`trl_ext.trainers.served_policy`): the generator every asynchronous method's worker
+- `ServedPolicyGenerator` (`trl_ext.serving.served_policy`): the generator every asynchronous method's worker
   samples from, against ``vllm serve`` (the latest published adapter).
 - `tree_samples`: the pure step from scored trees to TRL's samples and their loss weights.
 """
 
-from ..served_policy import ServedPolicyGenerator
+from ...serving.served_policy import ServedPolicyGenerator
 from .config import AsyncStepwiseRLMConfig
 from .samples import tree_samples
 from .trainer import AsyncStepwiseRLMTrainer

@@ -7,7 +7,7 @@
   strings as ``stop``).
 """
 
-from ..served_policy import ServedGroupGenerator, group_size
+from ...serving.served_policy import ServedGroupGenerator, group_size
 from .config import AsyncRLMTConfig
 from .trainer import AsyncRLMTTrainer
 from .worker import RLMTRolloutWorker

@@ -1,4 +1,4 @@
-"""`trl_ext.trainers.weight_sync` without vLLM: real safetensors files, and a tiny HTTP server on 127.0.0.1 standing in
+"""`trl_ext.serving.weight_sync` without vLLM: real safetensors files, and a tiny HTTP server on 127.0.0.1 standing in
 for ``vllm serve``'s dev endpoints (``/health``, ``/server_info``, ``/pause``, ``/collective_rpc``,
 ``/reset_prefix_cache``, ``/resume``). It records every call and, on ``reload_weights``, reads the checkpoint the
 transfer wrote, as vLLM's loader does (the index, then the shards it names). A real `ExtAsyncGRPOTrainer` run (an
@@ -21,8 +21,7 @@ from datasets import Dataset
 from safetensors.torch import load_file
 
 from trl_ext import ExtAsyncGRPOConfig, ExtAsyncGRPOTrainer
-from trl_ext.testing import build_tiny_model_and_tokenizer
-from trl_ext.trainers.weight_sync import (
+from trl_ext.serving.weight_sync import (
     INDEX_FILE,
     WEIGHTS_DIR_NAME,
     DiskWeightTransfer,
@@ -34,8 +33,9 @@ from trl_ext.trainers.weight_sync import (
     untie_checkpoint,
     write_checkpoint,
 )
+from trl_ext.testing import build_tiny_model_and_tokenizer
 
-from .test_ext_async_grpo import QueueWorker, config_kwargs, rollout_samples
+from ..trainers.test_ext_async_grpo import QueueWorker, config_kwargs, rollout_samples
 
 
 # ----------------------------------------------------------------------------------------------------------------

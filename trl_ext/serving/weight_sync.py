@@ -281,7 +281,7 @@ class DiskWeightTransfer:
                 "sampling with its initial LM head after every full-weight sync (and this cannot be fixed over HTTP). "
                 "Use LoRA sync (pass peft_config=LoraConfig(...) and start the server with --enable-lora), or train "
                 "and serve an untied copy of the checkpoint: "
-                "trl_ext.trainers.weight_sync.untie_checkpoint(source, destination)."
+                "trl_ext.serving.weight_sync.untie_checkpoint(source, destination)."
             )
         self.expected_names = checkpoint_weight_names(model_path) if os.path.isdir(model_path) else None
         if self.expected_names is None:

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from trl_ext.trainers import server_probe
-from trl_ext.trainers.server_probe import FAIL_FAST_PREFIXES, probe_server
+from trl_ext.serving import server_probe
+from trl_ext.serving.server_probe import FAIL_FAST_PREFIXES, probe_server
 
 
 class HealthHandler(http.server.BaseHTTPRequestHandler):

@@ -1,6 +1,6 @@
-"""`ServedPolicyGenerator`: a `trl_ext.rlm.Generator` against an OpenAI-compatible ``vllm serve``, asking for the policy
-version the asynchronous trainer last published: what every asynchronous method's rollout worker samples from (the
-RLM engine's turns, judged rollouts, RLMT groups).
+"""`ServedPolicyGenerator`: a `trl_ext.rlm.Generator` against an OpenAI-compatible ``vllm serve``, asking for the
+policy version the asynchronous trainer last published: what every asynchronous method's rollout worker samples from
+(the RLM engine's turns, judged rollouts, RLMT groups).
 
 TRL's asynchronous trainer publishes each LoRA sync as the adapter ``trl-policy-v{N}`` (``/v1/load_lora_adapter``);
 in vLLM's API an adapter *is* a model name, and naming the base model while an adapter is loaded silently serves the

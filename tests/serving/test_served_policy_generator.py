@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from trl_ext.trainers.served_policy import ServedPolicyGenerator
+from trl_ext.serving.served_policy import ServedPolicyGenerator
 
 
 class _Server(ThreadingHTTPServer):
