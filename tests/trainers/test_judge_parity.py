@@ -21,10 +21,10 @@ from trl_ext.trainers.async_seam import TOKEN_CREDIT_KEY
 from trl_ext.trainers.judge_credit import JudgeCreditConfig, JudgeCreditTrainer
 
 from ..utils import cpu_config_kwargs, generator_rollout_func
+from .parity import assert_same_gradients, step_both
 from .test_async_judge import ANSWERS, TurnTakingGenerator, collate, digits
 from .test_ext_async_grpo import NoWeightSync
 from .test_judge_trainer import SpanPickingJudge, capturing, judge_kwargs
-from .test_stepwise_rlm import grads
 
 PROMPT = "add 1 and 2"
 
@@ -161,27 +161,10 @@ def test_sync_and_async_judge_credit_give_the_same_loss_and_gradient(tmp_path, l
     for sample in samples:
         completion = sample.completion_mask.astype(bool)
         sample.old_log_probs[completion] = old_by_ids[tuple(sample.input_ids[completion].tolist())].numpy()
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # the same update for both: every ratio moves
-        for param in sync.model.parameters():
-            param.add_(0.05 * torch.randn(param.shape, generator=generator))
-    asynchronous.model.load_state_dict(sync.model.state_dict())
-
-    sync.model.zero_grad()
-    sync_loss = sync.compute_loss(sync.model, batch)
-    sync_loss.backward()
-    asynchronous.model.train()
-    asynchronous.model.zero_grad()
-    asynchronous.current_gradient_accumulation_steps = 1
-    async_loss = asynchronous.compute_loss(asynchronous.model, collate(samples))
-    async_loss.backward()
+    sync_loss, async_loss = step_both(sync, batch, asynchronous, collate(samples), scale=0.05)
 
     assert abs(sync_loss.item()) > 1e-3
     if loss_type == "ipo":  # the policy moved enough that the trust region masks some tokens, not all
         assert 0.0 < sync._metrics["train"]["ipo/masked_ratio"][-1] < 1.0
     assert async_loss.item() == pytest.approx(sync_loss.item(), rel=1e-5)
-    sync_grads, async_grads = grads(sync.model), grads(asynchronous.model)
-    assert sync_grads.keys() == async_grads.keys() and sync_grads
-    for name in sync_grads:  # float32 sums in another order (padded rows vs one packed row)
-        error = (async_grads[name] - sync_grads[name]).norm() / sync_grads[name].norm()
-        assert error < 1e-4, f"{name}: relative gradient error {error:.2e}"
+    assert_same_gradients(sync.model, asynchronous.model)

@@ -17,9 +17,10 @@ from trl_ext.testing import VariantGenerator, yes_reward
 from trl_ext.trainers.async_rlm import AsyncStepwiseRLMConfig, AsyncStepwiseRLMTrainer
 from trl_ext.trainers.async_rlm.worker import RLMRolloutWorker
 
+from .parity import assert_same_gradients, step_both
 from .test_async_rlm import collate
 from .test_ext_async_grpo import NoWeightSync
-from .test_stepwise_rlm import generation_inputs, grads, make_trainer, turn_logps
+from .test_stepwise_rlm import generation_inputs, make_trainer, turn_logps
 
 SYNC_ONLY = {"rlm/padding_rows"}  # rows added to keep the synchronous micro-batches equal
 
@@ -94,29 +95,13 @@ def test_sync_and_async_trainers_give_the_same_loss_and_gradient(tmp_path):
     assert len(old) == len(samples)
     for sample, logps in zip(samples, old, strict=True):
         sample.old_log_probs[-len(logps) :] = logps
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # the same update for both: every ratio moves, PPO-clip clips some tokens
-        for param in sync.model.parameters():
-            param.add_(0.1 * torch.randn(param.shape, generator=generator))
-    asynchronous.model.load_state_dict(sync.model.state_dict())
-
-    sync.model.zero_grad()
-    sync_loss = sync.compute_loss(sync.model, batch)
-    sync_loss.backward()
-    asynchronous.model.train()
-    asynchronous.model.zero_grad()
-    asynchronous.current_gradient_accumulation_steps = 1
-    async_loss = asynchronous.compute_loss(asynchronous.model, collate(samples))
-    async_loss.backward()
+    # the same update for both: every ratio moves, PPO-clip clips some tokens
+    sync_loss, async_loss = step_both(sync, batch, asynchronous, collate(samples), scale=0.1)
 
     assert 0.0 < sync._metrics["train"]["clip_ratio/region_mean"][-1] < 1.0
     assert abs(sync_loss.item()) > 1e-3
     assert async_loss.item() == pytest.approx(sync_loss.item(), rel=1e-5)
-    sync_grads, async_grads = grads(sync.model), grads(asynchronous.model)
-    assert sync_grads.keys() == async_grads.keys() and sync_grads
-    for name in sync_grads:  # float32 sums in another order (padded rows vs one packed row)
-        error = (async_grads[name] - sync_grads[name]).norm() / sync_grads[name].norm()
-        assert error < 1e-4, f"{name}: relative gradient error {error:.2e}"
+    assert_same_gradients(sync.model, asynchronous.model)
 
 
 def make_async_trainer(model_dir, output_dir, tokenizer):

@@ -10,6 +10,7 @@ from trl_ext.testing import RLM_SCRIPT_TURNS, VariantGenerator, build_tiny_model
 from trl_ext.trainers.stepwise_rlm import StepwiseRLMConfig, StepwiseRLMTrainer
 
 from ..utils import cpu_config_kwargs, run_processes
+from .parity import grads
 
 
 def make_trainer(tmp_path, prompts=("root task",), model_config=None, **overrides):
@@ -60,10 +61,6 @@ def subtree_loss(model, tree, node_id: int, advantage: float, old_logps: dict, e
         children = [subtree_loss(model, tree, child, advantage, old_logps, eps) for child in node.children]
         loss = loss + torch.stack(children).sum() / len(node.children)
     return loss
-
-
-def grads(model) -> dict[str, torch.Tensor]:
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 @pytest.fixture(scope="module")
