@@ -26,14 +26,15 @@ from trl_ext.judge.method import JudgeCredit
 from trl_ext.quickstart.scripted_server import ErrorReply, ScriptedChatServer
 from trl_ext.rlm import ScriptedGenerator
 from trl_ext.rlm.generators import Completion
+from trl_ext.samples import TrainingSample
 from trl_ext.testing import build_tiny_model_and_tokenizer
 from trl_ext.trainers.async_judge import (
     AsyncJudgeCreditConfig,
     AsyncJudgeCreditTrainer,
     JudgeRolloutWorker,
-    judged_sample,
 )
 from trl_ext.trainers.async_seam import TOKEN_CREDIT_KEY, TokenCreditCollator
+from trl_ext.trainers.async_worker import to_rollout_sample
 from trl_ext.trainers.judge_credit_config import JudgeCreditConfig
 
 from .test_ext_async_grpo import NoWeightSync
@@ -132,18 +133,10 @@ def hand_samples(old_logps=None) -> list:
     for index, (completion, advantage, judged, spans) in enumerate(HAND_ROLLOUTS):
         credit = rollout_credit(spans, len(completion), judged, LABELS, 0.25)
         logps = old_logps[index] if old_logps is not None else [-1.0] * len(completion)
-        samples.append(
-            judged_sample(
-                PROMPT,
-                completion,
-                logps,
-                advantage=advantage,
-                credit=credit,
-                model_version=0,
-                group_id=0,
-                metrics={"reward": 1.0},
-            )  # fmt: skip
+        sample = TrainingSample(
+            PROMPT, completion, logps, advantage=advantage, token_credit=credit.tolist(), metrics={"reward": 1.0}
         )
+        samples.append(to_rollout_sample(sample, 0))
     return samples
 
 

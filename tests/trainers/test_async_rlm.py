@@ -25,9 +25,9 @@ from trl_ext.trainers.async_rlm import (
     AsyncStepwiseRLMConfig,
     AsyncStepwiseRLMTrainer,
     RLMRolloutWorker,
-    tree_samples,
 )
 from trl_ext.trainers.async_seam import LossWeightCollator
+from trl_ext.trainers.async_worker import to_rollout_sample
 from trl_ext.trainers.stepwise_rlm_config import StepwiseRLMConfig
 
 from .test_ext_async_grpo import NoWeightSync
@@ -162,11 +162,16 @@ def test_token_normalisation_trains_turns_as_ordinary_samples(model_dir, tmp_pat
 # ----------------------------------------------------------------------------------------------------------------
 # Samples and advantages (pure)
 # ----------------------------------------------------------------------------------------------------------------
+def tree_samples(tree, turns, **fields):
+    samples = StepwiseRLM.training_samples(tree, turns, advantage=0.5, group_id=7, **fields)
+    return [to_rollout_sample(sample, 3, weighted=True) for sample in samples]
+
+
 def test_tree_samples_are_every_turn_with_its_weight(model_dir, tmp_path):
     trainer = make_trainer(model_dir, tmp_path)
     trainer.rollout_worker.rollout([DATASET[0]])
     tree = trainer.rollout_worker.last_trees[0]
-    samples = tree_samples(tree.turn_samples(), advantage=0.5, model_version=3, group_id=7, metrics={"reward": 1.0})
+    samples = tree_samples(tree, tree.turn_samples(), metrics={"reward": 1.0})
     turns = [(node, turn) for node in tree.nodes for turn in node.turns]
     assert len(samples) == len(turns) == RLM_SCRIPT_TURNS["root task"]
     weights = tree.weights()
@@ -178,9 +183,7 @@ def test_tree_samples_are_every_turn_with_its_weight(model_dir, tmp_path):
         node_tokens = sum(len(t.action_ids) for t in node.turns)
         assert sample.metrics["trl_ext/token_weight"] == pytest.approx(weights[node.id] / node_tokens)
     assert sum(s.metrics["trl_ext/root_share"] for s in samples) == pytest.approx(1.0)
-    roots_only = tree_samples(
-        tree.turn_samples(train_children=False), advantage=0.5, model_version=3, group_id=7, metrics={}
-    )
+    roots_only = tree_samples(tree, tree.turn_samples(train_children=False))
     assert len(roots_only) == len(tree.root.turns)
 
 

@@ -18,13 +18,14 @@ from peft import LoraConfig
 from trl.experimental.async_grpo.packing import TreeRow
 
 from trl_ext.rlm.generators import SamplingSettings
+from trl_ext.samples import TrainingSample
 from trl_ext.testing import build_tiny_model_and_tokenizer, yes_reward
 from trl_ext.trainers import LocalPolicy
 from trl_ext.trainers.async_faults import ServerWatch
 from trl_ext.trainers.async_rlm import AsyncStepwiseRLMConfig, AsyncStepwiseRLMTrainer
 from trl_ext.trainers.async_seam import LossWeightCollator
 from trl_ext.trainers.async_seam.weights import MODEL_VERSION_KEY, SAMPLE_VERSIONS_KEY, VersionTaggedQueue
-from trl_ext.trainers.async_worker import StalenessGate, ThreadedRolloutWorker, rollout_sample
+from trl_ext.trainers.async_worker import StalenessGate, ThreadedRolloutWorker, to_rollout_sample
 from trl_ext.trainers.ext_async_grpo import version_lags
 
 from .test_async_rlm import DATASET, make_trainer, model_dir  # noqa: F401  (model_dir: a fixture)
@@ -93,17 +94,8 @@ class CountingWorker(ThreadedRolloutWorker):
         for _ in rows:
             group_id, self.groups = self.groups, self.groups + 1
             for _ in range(self.per_row):
-                samples.append(
-                    rollout_sample(
-                        [1],
-                        [2],
-                        [-0.5],
-                        advantage=0.0,
-                        model_version=self.model_version,
-                        group_id=group_id,
-                        metrics={},
-                    )
-                )
+                sample = TrainingSample([1], [2], [-0.5], advantage=0.0, group_id=group_id)
+                samples.append(to_rollout_sample(sample, self.model_version))
         return samples
 
 
@@ -199,8 +191,8 @@ def test_version_lags_are_clamped():
 
 def test_queue_tags_versions_and_the_collator_spreads_them_per_token():
     buffer: queue.Queue = queue.Queue()
-    buffer.put(rollout_sample([1, 2], [3, 4], [-1.0, -1.0], advantage=1.0, model_version=3, group_id=0, metrics={}))
-    buffer.put(rollout_sample([1, 2], [5, 6, 7], [-1.0] * 3, advantage=1.0, model_version=5, group_id=0, metrics={}))
+    buffer.put(to_rollout_sample(TrainingSample([1, 2], [3, 4], [-1.0, -1.0], advantage=1.0), 3))
+    buffer.put(to_rollout_sample(TrainingSample([1, 2], [5, 6, 7], [-1.0] * 3, advantage=1.0), 5))
     tagged = VersionTaggedQueue(buffer)
     assert tagged.qsize() == 2
     row = TreeRow()

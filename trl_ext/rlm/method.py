@@ -8,8 +8,8 @@ A runtime hands it prompts and a sampler and gets back what it trains on and log
 2. `StepwiseRLM.rollouts`: the trees, every root and the children it spawns, from one `RLMEngine` run (requests in
    a canonical order, so the same seed gives the same trees), with the engine's counters;
 3. `answered_rewards`: a root that never answered gets reward 0, whatever the reward functions make of "";
-4. `StepwiseRLM.turn_samples`: what one tree trains on (`RolloutTree.turn_samples`: every turn of every trained node,
-   with W(v) and n_v);
+4. `StepwiseRLM.training_samples`: what one tree trains on, one `trl_ext.samples.TrainingSample` per turn of every
+   trained node (`RolloutTree.turn_samples`), with W(v), n_v and its share of the root;
 5. `StepwiseRLM.save_trees` and `rollout_metrics`: the tree files (`trl_ext.rlm.tree_files`) and the RLM metrics.
 
 `StepwiseRLMTrainer` (on TRL's ``GRPOTrainer``) calls it on each generation batch, the asynchronous
@@ -24,12 +24,13 @@ import dataclasses
 import logging
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..samples import TrainingSample
 from ..text import last_user_text
 from .engine import RLMEngine, RLMTask
 from .generators import CanonicalOrderGenerator, Generator
@@ -132,6 +133,40 @@ class StepwiseRLM:
         """What ``tree`` trains on: every turn with an action of every trained node (``rng``: the
         ``child_sampling="one"`` draws)."""
         return tree.turn_samples(train_children=self.train_children, child_sampling=self.child_sampling, rng=rng)
+
+    @staticmethod
+    def training_samples(
+        tree: RolloutTree,
+        turns: Sequence[TurnSample],
+        *,
+        advantage: float = 0.0,
+        group_id: int = 0,
+        metrics: Mapping[str, Any] | None = None,
+    ) -> list[TrainingSample]:
+        """One `TrainingSample` per trained turn of ``tree`` (``turns``: `turn_samples`), in their order: prompt = the
+        exact ids the sampler saw, completion = the action with its log-probs, the root's ``advantage``, the node's
+        ``W(v)`` and ``n_v`` and the sample's share of the root (``W(v)/n_v · |action| / Σ_u W(u)``), ``metrics``
+        copied into each; the task and the root's answer as prompt and completion."""
+        tree_mass = sum({turn.node: turn.weight for turn in turns}.values())  # Σ_u W(u) over the trained nodes
+        samples = []
+        for turn in turns:
+            token_weight = turn.weight / turn.node_tokens
+            samples.append(
+                TrainingSample(
+                    prompt_ids=list(turn.prompt_ids),
+                    completion_ids=list(turn.action_ids),
+                    logprobs=list(turn.logprobs),
+                    advantage=advantage,
+                    group_id=group_id,
+                    node_weight=turn.weight,
+                    node_tokens=turn.node_tokens,
+                    root_share=token_weight * len(turn.action_ids) / tree_mass,
+                    metrics=dict(metrics or {}),
+                    prompt=tree.root.task,
+                    completion=tree.final_answer or "",
+                )
+            )
+        return samples
 
     def save_trees(self, trees: Sequence[RolloutTree], mode: str, version: int, writer: str) -> list[str]:
         """Append ``trees`` to their file (`trl_ext.rlm.tree_files`: ``mode``, the policy ``version``, the ``writer``);

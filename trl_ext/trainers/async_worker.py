@@ -6,7 +6,8 @@ sample layout and the trainer's set-up of its worker.
   error counting (``max_consecutive_errors``), the heartbeat, `check_health` and `stop`. A method's worker subclasses
   it and writes only its step, ``rollout(rows) -> samples``.
 - `reward_table`, `as_completions`, `group_metrics`: TRL's reward-function interface as every worker calls it.
-- `rollout_sample`: one `RolloutSample` of prompt ids + completion ids, the layout every method trains on.
+- `to_rollout_sample`: a `trl_ext.samples.TrainingSample` as TRL's `RolloutSample`, the one conversion of every
+  worker (prompt ids + completion ids, the credit and loss weights in its metrics).
 - `callable_reward_funcs`, `groups_per_run`, `served_sampling_settings`, `install_served_generator`: the trainers'
   shared set-up (the served policy is chosen once TRL knows how it syncs the weights).
 """
@@ -26,8 +27,9 @@ import numpy as np
 
 from ..advantages import SCALE_REWARDS, scored_advantages
 from ..rlm.generators import SamplingSettings
+from ..samples import TrainingSample
 from ..serving.served_policy import ServedPolicyGenerator
-from .async_seam import RolloutSample, served_policy_names
+from .async_seam import RolloutSample, credited_sample_metrics, served_policy_names, weighted_sample_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +44,7 @@ __all__ = [
     "install_served_generator",
     "population_std",
     "reward_table",
-    "rollout_sample",
+    "to_rollout_sample",
     "served_sampling_settings",
 ]
 
@@ -389,7 +391,8 @@ def checked_reward_weights(reward_weights: Sequence[float] | None, names: Sequen
     if len(reward_weights) != len(names):
         raise ValueError(
             f"reward_weights={list(reward_weights)} has {len(reward_weights)} weight(s) for {len(names)} reward "
-            f"function(s) {list(names)}: give one weight per reward function, in their order, or None (every weight 1)."
+            f"function(s) {list(names)}: give one weight per reward function, in their order, or None (every "
+            "weight 1)."
         )
     return [float(weight) for weight in reward_weights]
 
@@ -455,39 +458,32 @@ def group_metrics(
 
 
 # ---------------------------------------------------------------------------------- samples
-def rollout_sample(
-    prompt_ids: Sequence[int],
-    completion_ids: Sequence[int],
-    logprobs: Sequence[float],
-    *,
-    advantage: float,
-    model_version: int,
-    group_id: int,
-    metrics: Mapping[str, Any],
-    prompt: Any = None,
-    completion: Any = None,
-) -> RolloutSample:
-    """One `RolloutSample`: ``input_ids`` = the ``P`` prompt ids + the ``C`` completion ids, ``(P + C,)``; the
-    completion mask 1 over the completion only; p_old = the sampler's ``(C,)`` log-probs there (0 over the prompt).
-    """
-    num_prompt, num_completion = len(prompt_ids), len(completion_ids)
-    if not num_prompt:
-        raise ValueError("A rollout sample needs its prompt ids: TRL trains a token from the one before it.")
-    if len(logprobs) != num_completion:
-        raise ValueError(
-            f"{num_completion} completion tokens but {len(logprobs)} log-probs: the sampler must return one log-prob "
-            "per sampled token."
-        )
+def to_rollout_sample(sample: TrainingSample, model_version: int, *, weighted: bool = False) -> RolloutSample:
+    """A `TrainingSample` as TRL's `RolloutSample`, the one conversion of every asynchronous worker: ``input_ids`` =
+    the ``P`` prompt ids + the ``C`` completion ids, ``(P + C,)``; the completion mask 1 over the completion only;
+    p_old = the sampler's ``(C,)`` log-probs there (0 over the prompt). Its metrics carry the token credit (0 over the
+    prompt; `credited_sample_metrics`) when it has one, and with ``weighted`` its "subtree" loss weight and root
+    share (`weighted_sample_metrics`), which trl-ext's collators take out."""
+    num_prompt, num_completion = len(sample.prompt_ids), len(sample.completion_ids)
+    metrics = dict(sample.metrics)
+    if sample.token_credit is not None:
+        metrics = credited_sample_metrics(metrics, np.concatenate([np.zeros(num_prompt), sample.token_credit]))
+    if weighted:
+        if sample.token_weight is None or sample.root_share is None:
+            raise ValueError(
+                "A weighted sample needs its node's weight, token count and root share (node_weight, ...)."
+            )
+        metrics = weighted_sample_metrics(metrics, token_weight=sample.token_weight, root_share=sample.root_share)
     return RolloutSample(
-        prompt=prompt,
-        completion=completion,
-        input_ids=np.asarray([*prompt_ids, *completion_ids], dtype=np.int64),
+        prompt=sample.prompt,
+        completion=sample.completion,
+        input_ids=np.asarray([*sample.prompt_ids, *sample.completion_ids], dtype=np.int64),
         completion_mask=np.asarray([0] * num_prompt + [1] * num_completion, dtype=np.int64),
-        old_log_probs=np.asarray([0.0] * num_prompt + list(logprobs), dtype=np.float32),
-        advantage=float(advantage),
+        old_log_probs=np.asarray([0.0] * num_prompt + list(sample.logprobs), dtype=np.float32),
+        advantage=float(sample.advantage),
         model_version=int(model_version),
-        group_id=int(group_id),
-        metrics=dict(metrics),
+        group_id=int(sample.group_id),
+        metrics=metrics,
     )
 
 

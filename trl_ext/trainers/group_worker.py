@@ -5,7 +5,8 @@ TRL's own rollout worker samples from ``vllm serve`` in a spawned process. This 
 One run, for ``groups_per_run`` prompts of the dataset (in order, cycling): ``num_generations`` completions each in one
 generator call; the reward functions called with TRL's keyword lists (the rewards of several functions weighted by
 ``reward_weights`` and summed; None skipped); the group advantages (``advantage_fn``: TRL's asynchronous worker's by
-default, `async_group_advantages`); one `RolloutSample` per completion. It is what `ExtAsyncGRPOTrainer` trains on when
+default, `async_group_advantages`); one `RolloutSample` per completion (`ScoredGroup.training_sample`,
+`to_rollout_sample`). It is what `ExtAsyncGRPOTrainer` trains on when
 it is given a ``generator=``, and the group scoring the judge-credit worker builds on.
 """
 
@@ -19,13 +20,14 @@ from typing import Any
 
 from ..advantages import async_group_advantages
 from ..rlm.generators import Completion
+from ..samples import TrainingSample
 from .async_worker import (
     ThreadedRolloutWorker,
     as_completions,
     group_metrics,
     population_std,
     reward_table,
-    rollout_sample,
+    to_rollout_sample,
 )
 
 __all__ = ["GroupRolloutWorker", "ScoredGroup"]
@@ -58,6 +60,23 @@ class ScoredGroup:
     def metrics(self, index: int, names: Sequence[str]) -> dict[str, float]:
         """The metrics rollout ``index`` carries (`group_metrics`)."""
         return group_metrics(index, self.rewards[index], self.reward_std, names, self.per_func)
+
+    def training_sample(self, index: int, names: Sequence[str], **fields: Any) -> TrainingSample:
+        """Completion ``index`` as a `TrainingSample`: the prompt ids, its ids and log-probs, its group advantage,
+        its metrics (``names``: the reward functions'), the prompt and the completion as TRL shows them; ``fields``:
+        what a method adds (``token_credit``)."""
+        completion = self.completions[index]
+        return TrainingSample(
+            prompt_ids=list(self.prompt_ids),
+            completion_ids=list(completion.token_ids),
+            logprobs=list(completion.logprobs),
+            advantage=self.advantages[index],
+            group_id=self.group_id,
+            metrics=self.metrics(index, names),
+            prompt=self.row["prompt"],
+            completion=as_completions(self.row["prompt"], [self.texts[index]])[0],
+            **fields,
+        )
 
 
 class GroupRolloutWorker(ThreadedRolloutWorker):
@@ -103,19 +122,7 @@ class GroupRolloutWorker(ThreadedRolloutWorker):
             for index, completion in enumerate(group.completions):
                 if not completion.token_ids:
                     continue
-                samples.append(
-                    rollout_sample(
-                        group.prompt_ids,
-                        completion.token_ids,
-                        completion.logprobs,
-                        advantage=group.advantages[index],
-                        model_version=version,
-                        group_id=group.group_id,
-                        metrics=group.metrics(index, self.reward_func_names),
-                        prompt=group.row["prompt"],
-                        completion=as_completions(group.row["prompt"], [group.texts[index]])[0],
-                    )
-                )
+                samples.append(to_rollout_sample(group.training_sample(index, self.reward_func_names), version))
         return samples
 
     def sample_groups(self, rows: Sequence[dict[str, Any]]) -> list[ScoredGroup]:

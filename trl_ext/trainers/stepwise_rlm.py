@@ -6,8 +6,9 @@ Flow of one generation batch (each rank, its own B = prompts × G rows):
    spawn) with the policy; each root's *completion* for TRL is its final answer.
 2. TRL scores the final answers with the reward functions (dataset columns included) and computes the group
    advantages with its own ``scale_rewards``. Roots without an answer get reward 0 from every function.
-3. `process_scored_batch` replaces the B rows by one row per turn of every trained node: prompt = the exact ids
-   the generator saw, completion = the action. Every row inherits its root's advantage; under the "subtree"
+3. `process_scored_batch` replaces the B rows by one row per turn of every trained node (its `TrainingSample`,
+   `StepwiseRLM.training_samples`, as padded rows: `trl_ext.samples.padded_rows`): prompt = the exact ids the
+   generator saw, completion = the action. Every row inherits its root's advantage; under the "subtree"
    normalisation its tokens carry ``W(v)/n_v`` so that the loss is ``mean_g L_subtree(root_g)``. Old, reference and
    sampling log-probs are computed for the new rows (turn prompts are not prefixes of each other); TRL's passes over
    the B placeholder rows are skipped (``RLMBatchScope.replaces_rows``).
@@ -25,15 +26,16 @@ from typing import Any
 
 import torch
 from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import pad, use_adapter
+from trl.trainer.utils import use_adapter
 
 from ..advantages import broadcast_advantages, stepwise_loss_weights
 from ..losses import importance_sampling_ratio
 from ..methods import METHODS
-from ..rlm import EngineStats, RolloutTree, canonical_rollout_order
+from ..rlm import EngineStats, RolloutTree, TurnSample, canonical_rollout_order
 from ..rlm.generators import TransformersGenerator, VLLMColocateGenerator, VLLMServerGenerator
 from ..rlm.method import StepwiseRLM, answered_rewards, rollout_metrics
 from ..rlm.tree_files import TREES_FOLDER, TreeFile
+from ..samples import TrainingSample, padded_rows
 from .ext_grpo import ExtGRPOTrainer, written_after
 from .requirements import changed_settings, check_trainer_inputs
 from .stepwise_rlm_config import StepwiseRLMConfig
@@ -179,41 +181,34 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
                 f"{len(trees)} rollout trees for {len(batch['prompt_ids'])} rows: rollouts out of sync."
             )
         device = batch["completion_ids"].device
-        pad_id = self.processing_class.pad_token_id
-        rows = self._turn_rows(trees)
-        self.log_rollout_metrics(rollout_metrics(trees, scope.stats, len(rows)))
+        turns, samples = self._training_samples(trees)
+        self.log_rollout_metrics(rollout_metrics(trees, scope.stats, len(samples)))
 
-        prompt_ids = pad([torch.tensor(r["prompt_ids"]) for r in rows], padding_value=pad_id, padding_side="left")
-        completion_ids = pad([torch.tensor(r["action_ids"]) for r in rows], padding_value=pad_id)
-        prompt_mask = pad(
-            [torch.ones(len(r["prompt_ids"]), dtype=torch.long) for r in rows], padding_value=0, padding_side="left"
-        )
-        completion_mask = pad([torch.ones(len(r["action_ids"]), dtype=torch.long) for r in rows], padding_value=0)
-        sampling_logps = pad([torch.tensor(r["logprobs"], dtype=torch.float32) for r in rows], padding_value=0.0)
-        row_root = torch.tensor([r["root"] for r in rows], device=device)
+        rows = {
+            key: value.to(device) for key, value in padded_rows(samples, self.processing_class.pad_token_id).items()
+        }
+        sampling_logps = rows.pop("sampling_per_token_logps")
+        row_root = torch.tensor([sample.group_id for sample in samples], device=device)  # the group: the root's index
         new: dict[str, Any] = {
-            "prompt_ids": prompt_ids.to(device),
-            "prompt_mask": prompt_mask.to(device),
-            "completion_ids": completion_ids.to(device),
-            "completion_mask": completion_mask.to(device),
+            **rows,
             "advantages": broadcast_advantages(batch["advantages"], row_root),
             "rewards": broadcast_advantages(batch["rewards"], row_root),
             "rlm_root": row_root,
             "prefix_group": row_root,  # the turns of one tree share their histories (shared-prefix packing)
-            "rlm_node": torch.tensor([r["node"] for r in rows], device=device),
-            "rlm_depth": torch.tensor([r["depth"] for r in rows], device=device),
+            "rlm_node": torch.tensor([turn.node for turn in turns], device=device),
+            "rlm_depth": torch.tensor([turn.depth for turn in turns], device=device),
         }
         if self.args.rlm_loss_normalization == "subtree":
-            num_tokens = self.accelerator.gather(completion_mask.sum().to(device)).sum()
+            num_tokens = self.accelerator.gather(new["completion_mask"].sum()).sum()
             num_roots = self.accelerator.gather(torch.tensor(len(trees), device=device)).sum()
             new["loss_weights"] = stepwise_loss_weights(
-                torch.tensor([r["weight"] for r in rows], device=device),
-                torch.tensor([r["node_tokens"] for r in rows], device=device),
+                torch.tensor([sample.node_weight for sample in samples], device=device),
+                torch.tensor([sample.node_tokens for sample in samples], device=device),
                 new["completion_mask"],
                 num_roots=num_roots,
                 num_tokens=num_tokens,
             )
-        self._add_logps(new, batch, sampling_logps.to(device))
+        self._add_logps(new, batch, sampling_logps)
         return new
 
     def child_sampling_rng(self) -> random.Random:
@@ -222,16 +217,18 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
         run would have, without a generator state to checkpoint (`batch_random_key`)."""
         return random.Random(self.batch_random_key("child-sampling"))
 
-    def _turn_rows(self, trees: list[RolloutTree]) -> list[dict[str, Any]]:
-        """One dict per trained turn (`RolloutTree.turn_samples`: its ids, node, depth, node weight and node token
-        count), with its root index."""
-        rows = []
+    def _training_samples(self, trees: list[RolloutTree]) -> tuple[list[TurnSample], list[TrainingSample]]:
+        """Every trained turn of the batch's trees (`StepwiseRLM.turn_samples`: its node and depth) and its
+        `TrainingSample` (`StepwiseRLM.training_samples`), the root's index as its group."""
+        turns, samples = [], []
         rng = self.child_sampling_rng()
         for root_index, tree in enumerate(trees):
-            rows += [{**vars(turn), "root": root_index} for turn in self.method.turn_samples(tree, rng)]
-        if not rows:
+            tree_turns = self.method.turn_samples(tree, rng)
+            turns += tree_turns
+            samples += self.method.training_samples(tree, tree_turns, group_id=root_index)
+        if not samples:
             raise RuntimeError("No rollout produced a single action token: check the generator.")
-        return rows
+        return turns, samples
 
     @torch.no_grad()
     def _add_logps(self, new: dict[str, Any], old_batch: dict[str, Any], sampling_logps: torch.Tensor) -> None:

@@ -2,12 +2,10 @@
 
 - `AsyncJudgeCreditTrainer` / `AsyncJudgeCreditConfig`: the trainer and its settings (`JudgeCreditConfig`'s names).
 - `JudgeRolloutWorker`: TRL's ``RolloutWorkerProtocol``: generation, rewards, group advantages and the judge's calls
-  in a thread, one sample per rollout carrying its capped credit.
-- `judged_sample`: the pure step from a judged rollout to TRL's sample (its credit: `trl_ext.judge.credit.rollout_credit`).
+  in a thread, one sample per rollout carrying its capped credit (`trl_ext.judge.method.JudgeCredit`).
 """
 
 from .config import AsyncJudgeCreditConfig
-from .samples import judged_sample
 from .trainer import AsyncJudgeCreditTrainer
 from .worker import JudgeRolloutWorker
 
@@ -15,5 +13,4 @@ __all__ = [
     "AsyncJudgeCreditConfig",
     "AsyncJudgeCreditTrainer",
     "JudgeRolloutWorker",
-    "judged_sample",
 ]

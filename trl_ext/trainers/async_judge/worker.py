@@ -5,8 +5,9 @@ A background thread of the trainer process loops: for ``groups_per_run`` prompts
 adapter, `ServedPolicyGenerator`); the verifier rewards (the reward functions, weighted and summed; None is skipped);
 the group advantage ``A`` (`trl_ext.advantages.group_advantages`); then one judge conversation per rollout
 (`trl_ext.judge.method.JudgeCredit`, the method the synchronous trainer drives too: every call of the run concurrent
-on its event loop), its spans turned into ``cap_λ(c)``; and one `RolloutSample` per rollout (`judged_sample`) into
-``rollout_buffer``.
+on its event loop), its spans turned into ``cap_λ(c)``; and one `RolloutSample` per rollout into ``rollout_buffer``,
+with ``A`` as its advantage and ``cap_λ(c)`` as its token credit (`ScoredGroup.training_sample`, `to_rollout_sample`:
+the collator adds the credit to TRL's per-token advantages, `trl_ext.trainers.async_seam.credit`).
 The judge's time is the worker's, so it overlaps training.
 
 Faults. A judge fault (endpoint down, 429/5xx after retries, timeout, unparseable answer, a crash) gives that rollout
@@ -28,8 +29,8 @@ from typing import Any
 from ...judge.batch import verdict_text
 from ...judge.judge import JudgeVerdict
 from ...judge.method import JudgeCredit
+from ..async_worker import to_rollout_sample
 from ..group_worker import GroupRolloutWorker, ScoredGroup
-from .samples import judged_sample
 
 logger = logging.getLogger(__name__)
 
@@ -102,20 +103,8 @@ class JudgeRolloutWorker(GroupRolloutWorker):
             credit = self.method.credit(verdict, len(completion.token_ids), len(judged)).numpy()
             credit_mass += float(abs(credit).sum())
             outcome_mass += abs(group.advantages[index]) * len(credit)
-            samples.append(
-                judged_sample(
-                    group.prompt_ids,
-                    completion.token_ids,
-                    completion.logprobs,
-                    advantage=group.advantages[index],
-                    credit=credit,
-                    model_version=version,
-                    group_id=group.group_id,
-                    metrics=group.metrics(index, self.reward_func_names),
-                    prompt=group.row["prompt"],
-                    completion=group.texts[index],
-                )
-            )
+            sample = group.training_sample(index, self.reward_func_names, token_credit=credit.tolist())
+            samples.append(to_rollout_sample(sample, version))
         metrics: dict[str, Any] = self.method.finish(
             pending,
             verdicts,

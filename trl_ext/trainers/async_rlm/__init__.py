@@ -4,12 +4,10 @@
 - `RLMRolloutWorker`: TRL's ``RolloutWorkerProtocol``: RLM trees in a thread, one sample per turn of every node.
 - `ServedPolicyGenerator` (`trl_ext.serving.served_policy`): the generator every asynchronous method's worker
   samples from, against ``vllm serve`` (the latest published adapter).
-- `tree_samples`: the pure step from scored trees to TRL's samples and their loss weights.
 """
 
 from ...serving.served_policy import ServedPolicyGenerator
 from .config import AsyncStepwiseRLMConfig
-from .samples import tree_samples
 from .trainer import AsyncStepwiseRLMTrainer
 from .worker import RLMRolloutWorker
 
@@ -18,5 +16,4 @@ __all__ = [
     "AsyncStepwiseRLMTrainer",
     "RLMRolloutWorker",
     "ServedPolicyGenerator",
-    "tree_samples",
 ]

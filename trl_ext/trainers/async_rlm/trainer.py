@@ -73,7 +73,8 @@ class AsyncStepwiseRLMTrainer(ExtAsyncGRPOTrainer):
         if self.args.rlm_loss_normalization == "subtree" and LOSS_WEIGHTS_KEY not in inputs:
             raise RuntimeError(
                 "rlm_loss_normalization='subtree' but this micro-batch carries no loss_weights: its samples came "
-                "without weights (a custom rollout_worker must build them with trl_ext.trainers.async_rlm."
-                "tree_samples), or the dataloader was not built by this trainer's get_train_dataloader."
+                "without weights (a custom rollout_worker must build them with StepwiseRLM.training_samples and "
+                "to_rollout_sample(..., weighted=True)), or the dataloader was not built by this trainer's "
+                "get_train_dataloader."
             )
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)

@@ -6,7 +6,9 @@ needed): for each prompt of the dataset, in order and cycling, ``num_generations
 (their children included, ``rlm_query_batched`` batched by the engine) against the policy; rewards from the reward
 functions on the roots' final answers (a root that never answered gets 0, as in `StepwiseRLMTrainer`); the group
 advantage (`trl_ext.advantages.group_advantages`); then one `RolloutSample` per turn of every trained node
-(`tree_samples`) into ``rollout_buffer``, which TRL's trainer drains.
+(`StepwiseRLM.training_samples`, `to_rollout_sample`: under ``rlm_loss_normalization="subtree"`` with the node's
+per-token weight ``W(v)/n_v`` and the sample's share of its root, which the loss turns into
+``mean_g L_subtree(root_g)``) into ``rollout_buffer``, which TRL's trainer drains.
 
 Policy version. Every sample of a run is tagged with the version live when the run started: the version its trees'
 first turns were sampled from. A tree spans versions (a sync can land between its turns); tagging it with its oldest
@@ -37,8 +39,14 @@ from ...rlm import RolloutTree
 from ...rlm.generators import Completion, Generator
 from ...rlm.method import StepwiseRLM, answered_rewards, rollout_metrics
 from ...rlm.tree_files import next_run
-from ..async_worker import ThreadedRolloutWorker, as_completions, group_metrics, population_std, reward_table
-from .samples import tree_samples
+from ..async_worker import (
+    ThreadedRolloutWorker,
+    as_completions,
+    group_metrics,
+    population_std,
+    reward_table,
+    to_rollout_sample,
+)
 
 __all__ = ["RLMRolloutWorker"]
 
@@ -118,16 +126,14 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
         group_id, self.groups = self.groups, self.groups + 1
         samples = []
         for tree_index, (tree, advantage, reward) in enumerate(zip(trees, advantages, rewards, strict=True)):
-            samples += tree_samples(
+            tree_samples = self.method.training_samples(
+                tree,
                 self.method.turn_samples(tree, self._rng),
                 advantage=advantage,
-                model_version=version,
                 group_id=group_id,
                 metrics=group_metrics(tree_index, reward, reward_std, self.reward_func_names, per_func),
-                prompt=tree.root.task,
-                completion=tree.final_answer or "",
-                weighted=self.weighted,
             )
+            samples += [to_rollout_sample(sample, version, weighted=self.weighted) for sample in tree_samples]
         return samples
 
     def _rewards(self, row: dict[str, Any], answers: list[str | None]) -> list[list[float]]:
