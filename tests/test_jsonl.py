@@ -12,14 +12,15 @@ import os
 import subprocess
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from trl_ext.jsonl import append_jsonl, read_jsonl, rewrite_jsonl, write_json_atomic
 from trl_ext.judge.audit import JudgeAuditLog
+from trl_ext.rlm import RLMScaffoldConfig
+from trl_ext.rlm.method import StepwiseRLM
+from trl_ext.rlm.tree_files import TREES_FOLDER
 from trl_ext.run_info import RUN_INFO_FILE, RunInfo, read_run_info, write_run_info
-from trl_ext.trainers.stepwise_rlm import StepwiseRLMTrainer
 
 TORN = '{"a": 0}\n{"a": 1}\n{"a": 1'  # two records and the start of a third, as a failed write leaves them
 
@@ -231,25 +232,19 @@ class _Tree:
         return {"tree": self.name}
 
 
-def _trainer_view(output_dir: Path) -> SimpleNamespace:
-    """What `StepwiseRLMTrainer._save_trees` reads of its trainer."""
-    return SimpleNamespace(
-        args=SimpleNamespace(output_dir=str(output_dir)),
-        mode="train",
-        state=SimpleNamespace(global_step=3),
-        accelerator=SimpleNamespace(process_index=0),
-        processing_class=None,
-    )
+def _save_trees(output_dir: Path, trees: list) -> list[str]:
+    """`StepwiseRLM.save_trees` as the synchronous trainer calls it at global step 3 on rank 0."""
+    method = StepwiseRLM(RLMScaffoldConfig(), tokenizer=None, trees_dir=output_dir / TREES_FOLDER)
+    return method.save_trees(trees, "train", 3, "rank0")
 
 
 def test_save_trees_references_survive_a_torn_line(tmp_path):
-    trainer = _trainer_view(tmp_path)
-    first = StepwiseRLMTrainer._save_trees(trainer, [_Tree("a"), _Tree("b")])
+    first = _save_trees(tmp_path, [_Tree("a"), _Tree("b")])
     path = tmp_path / "rlm_trees" / "train-v000003-rank0.jsonl"
     assert first == [f"{path}#0", f"{path}#1"]
     with path.open("a", encoding="utf-8") as handle:
         handle.write('{"tree": "c"')  # a write killed halfway
-    second = StepwiseRLMTrainer._save_trees(trainer, [_Tree("d")])
+    second = _save_trees(tmp_path, [_Tree("d")])
     assert second == [f"{path}#2"]
     records = strict_records(path)
     assert records[int(second[0].rsplit("#", 1)[1])] == {"tree": "d"}
@@ -258,6 +253,6 @@ def test_save_trees_references_survive_a_torn_line(tmp_path):
 def test_save_trees_that_cannot_be_written_do_not_stop_training(tmp_path, caplog):
     (tmp_path / "rlm_trees").write_text("a file where the folder should be", encoding="utf-8")
     with caplog.at_level(logging.WARNING):
-        references = StepwiseRLMTrainer._save_trees(_trainer_view(tmp_path), [_Tree("a"), _Tree("b")])
+        references = _save_trees(tmp_path, [_Tree("a"), _Tree("b")])
     assert len(references) == 2 and all(reference.startswith("not saved: ") for reference in references)
     assert "train-v000003-rank0.jsonl" in caplog.text and "training goes on" in caplog.text

@@ -1,12 +1,11 @@
 """`trl_ext.rlm.method.StepwiseRLM`, the stepwise RLM method both trainers drive: built the same from the synchronous
-and the asynchronous config, the no-answer rule, the tree files and their failure."""
+and the asynchronous config, the no-answer rule, the prompt cap, the tasks (its tree files: tests/test_jsonl.py)."""
 
 from __future__ import annotations
 
 import torch
 
 from trl_ext.rlm.method import StepwiseRLM, answered_rewards
-from trl_ext.rlm.tree import RolloutNode, RolloutTree
 from trl_ext.rlm.tree_files import TREES_FOLDER
 from trl_ext.testing import build_tiny_model_and_tokenizer
 from trl_ext.trainers.async_rlm import AsyncStepwiseRLMConfig
@@ -53,17 +52,3 @@ def test_prompts_are_capped_only_where_the_scaffold_sets_no_cap(tmp_path):
     tasks = method.tasks(["plain task", [{"role": "user", "content": "chat task"}]], ["ctx", None])
     assert [(task.prompt, task.context) for task in tasks] == [("plain task", "ctx"), ("chat task", None)]
     assert method.contexts([{"context": "a"}, {"prompt": "b"}]) == ["a", None]
-
-
-def test_trees_that_cannot_be_written_are_a_warning_not_an_error(tmp_path, caplog):
-    _, tokenizer = build_tiny_model_and_tokenizer(0)
-    blocker = tmp_path / "not-a-folder"
-    blocker.write_text("a file where the tree folder should be")
-    method, _ = StepwiseRLM.from_arguments(
-        StepwiseRLMConfig(output_dir=str(tmp_path), use_cpu=True, save_rollout_trees=True), tokenizer
-    )
-    method.trees_dir = blocker
-    tree = RolloutTree(nodes=[RolloutNode(id=0, parent=None, depth=0, task="t")])
-    references = method.save_trees([tree, tree], "train", 3, "rank0")
-    assert len(references) == 2 and all(reference.startswith("not saved: ") for reference in references)
-    assert "Rollout trees not saved" in caplog.text
