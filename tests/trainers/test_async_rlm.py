@@ -212,6 +212,24 @@ def test_reward_weights_weigh_each_function_in_the_sum(model_dir, tmp_path):
     assert [value for value in lengths if not math.isnan(value)] == [3.0, 3.0]
 
 
+async def answered_and_logged(completions, rlm_has_answer, log_metric, **kwargs):
+    log_metric("custom/answered", float(sum(rlm_has_answer)))
+    return [1.0 if text == "yes" else 0.0 for text in completions]
+
+
+def test_reward_functions_are_called_as_grpo_trainer_calls_them(model_dir, tmp_path):
+    """An ``async def`` reward function is awaited and gets ``log_metric`` and ``rlm_has_answer``, as the
+    synchronous trainer (TRL's reward call) gives them."""
+    trainer = make_trainer(model_dir, tmp_path, reward_funcs=[answered_and_logged])
+    worker = trainer.rollout_worker
+    samples = worker.rollout([DATASET[0]])
+    answers = [tree.final_answer for tree in worker.last_trees]
+    firsts = samples[:: RLM_SCRIPT_TURNS["root task"]]
+    assert [sample.metrics["reward"] for sample in firsts] == [float(answer == "yes") for answer in answers]
+    logged = [worker.metrics_queue.get_nowait() for _ in range(worker.metrics_queue.qsize())]
+    assert {"custom/answered": float(sum(answer is not None for answer in answers))} in logged
+
+
 def test_reward_weights_of_the_wrong_length_are_refused_at_construction(model_dir, tmp_path):
     with pytest.raises(ValueError, match=r"reward_weights=\[1.0, 2.0\] has 2 weight\(s\) for 1 reward function"):
         make_trainer(model_dir, tmp_path, reward_weights=[1.0, 2.0])

@@ -14,7 +14,9 @@ sample layout and the trainer's set-up of its worker.
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import inspect
 import logging
 import math
 import queue
@@ -51,6 +53,8 @@ __all__ = [
 RUN_MARKS_KEPT = 4096  # completed runs remembered for `ThreadedRolloutWorker.resume_state`
 GATE_POLL_S = 0.02  # how often a worker waiting for room (`StalenessGate`) looks again
 METRICS_QUEUE_SIZE = 4096  # metric dicts kept for the trainer; past that they are dropped, never blocking rollouts
+# Dataset columns not passed to the reward functions (TRL's rule): the worker passes its own values under these names.
+_RESERVED_COLUMNS = ("prompt", "completion", "completion_ids")
 STOP_WAIT_S = 60  # how long `stop` waits for the run in flight
 
 
@@ -179,6 +183,7 @@ class ThreadedRolloutWorker:
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
         self._heartbeat = time.time()
+        self._event_loop: asyncio.AbstractEventLoop | None = None  # for async reward functions, one per worker
 
     # ------------------------------------------------------------------------------ what a method writes
     def rollout(self, rows: Sequence[dict[str, Any]]) -> list[Any]:
@@ -189,7 +194,10 @@ class ThreadedRolloutWorker:
         """Checked by `start` before the thread starts (raise to refuse)."""
 
     def _on_thread_exit(self) -> None:
-        """Run in the thread as it ends (close what the runs opened there)."""
+        """Run in the thread as it ends (close what the runs opened there: the async reward functions' loop)."""
+        if self._event_loop is not None:
+            self._event_loop.close()
+            self._event_loop = None
 
     def _on_stopped(self) -> None:
         """Run by `stop` once the thread has ended."""
@@ -364,6 +372,38 @@ class ThreadedRolloutWorker:
             pass  # never block rollouts on a trainer that stopped logging
 
     # ------------------------------------------------------------------------------ one group's scores
+    def call_rewards(
+        self, row: dict[str, Any], texts: list[str], ids: list[list[int]], **extra: list[Any]
+    ) -> list[list[float]]:
+        """``(functions, G)`` rewards (None -> NaN) of the ``G`` completions ``texts`` (token ``ids``) of ``row``'s
+        prompt, the functions called as `GRPOTrainer` calls them: ``prompts``, ``completions`` (conversational for a
+        conversational prompt), ``completion_ids``, every dataset column but ``prompt``/``completion``/
+        ``completion_ids``, ``log_metric`` and ``extra`` (a method's own columns, e.g. ``rlm_has_answer``); an
+        ``async def`` function is awaited on the worker's own event loop."""
+        size = len(texts)
+        columns = {key: [value] * size for key, value in row.items() if key not in _RESERVED_COLUMNS}
+        kwargs = dict(
+            prompts=[row["prompt"]] * size,
+            completions=as_completions(row["prompt"], texts),
+            completion_ids=ids,
+            log_metric=self._reward_metric,
+            **columns,
+            **extra,
+        )
+        return reward_table(self.reward_funcs, self.reward_func_names, kwargs, size, resolve=self._resolve)
+
+    def _resolve(self, values: Any) -> Any:
+        """An async reward function's rewards, awaited on the worker's own event loop."""
+        if not inspect.isawaitable(values):
+            return values
+        if self._event_loop is None:
+            self._event_loop = asyncio.new_event_loop()
+        return self._event_loop.run_until_complete(values)
+
+    def _reward_metric(self, name: str, value: float) -> None:
+        """A reward function's metric (TRL's ``log_metric``): logged as the mean over the logging window."""
+        self._push_metrics({name: float(value)})
+
     def summed_rewards(self, per_func: Sequence[Sequence[float]], unscored: float = 0.0) -> list[float]:
         """``(G,)`` rewards from the ``(functions, G)`` table: each completion's values weighted by ``reward_weights``
         and summed, NaN (a None) skipped, as `GRPOTrainer`'s ``nansum``; ``unscored`` where every value is NaN (0:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import random
 from typing import Any
@@ -46,6 +47,8 @@ from .prompt_cap import cap_prompt_ids, prompt_cap
 from .trl_seam import FORWARD_KEYS, BatchScope, TRLSeam
 
 logger = logging.getLogger(__name__)
+# The arguments of a log-prob pass, declared once by the seam; the packed override reads them by name.
+_PASS_SIGNATURE = inspect.signature(TRLSeam.per_token_logps_and_entropies)
 
 
 @contextlib.contextmanager
@@ -256,29 +259,26 @@ class ExtGRPOTrainer(TRLSeam):
     # ------------------------------------------------------------------------------------------------------------
     # Shared-prefix packing (docs/packing.md)
     # ------------------------------------------------------------------------------------------------------------
-    def per_token_logps_and_entropies(
-        self,
-        model,
-        input_ids,
-        attention_mask,
-        logits_to_keep,
-        batch_size=None,
-        compute_entropy=False,
-        compute_aux_loss=False,
-        **forward_kwargs,
-    ):
+    def per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        """The seam's log-prob pass (same arguments: ``args``/``kwargs`` are its ``batch_size``,
+        ``compute_entropy``, ``compute_aux_loss`` and TRL's forward keywords), shared-prefix packed where
+        `_plan_packing` finds it worth it, else TRL's forward."""
+        options = _PASS_SIGNATURE.bind(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        options.apply_defaults()
+        compute_entropy, compute_aux_loss = options.arguments["compute_entropy"], options.arguments["compute_aux_loss"]
         if self._packing_mode() != "off" and not torch.is_grad_enabled():
             # Without gradients, run the bare model on either path: the packed path's forward count may differ
             # between ranks, and a DDP forward (even without gradients) broadcasts buffers, a collective. With
             # gradients both paths run exactly one forward of the wrapped model, as TRL does.
             model = _without_ddp(model)
+        forward_kwargs = options.arguments["forward_kwargs"]
         packing = self._plan_packing(
             model, input_ids, attention_mask, logits_to_keep, compute_aux_loss, forward_kwargs
         )
         if packing is None:
-            options = (batch_size, compute_entropy, compute_aux_loss)
-            parent = super().per_token_logps_and_entropies
-            return parent(model, input_ids, attention_mask, logits_to_keep, *options, **forward_kwargs)
+            return super().per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+            )
         logps, entropies = self._packed_pass(model, packing, compute_entropy)
         return logps, entropies, None
 

@@ -12,8 +12,6 @@ it is given a ``generator=``, and the group scoring the judge-credit worker buil
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,14 +24,10 @@ from .async_worker import (
     as_completions,
     group_metrics,
     population_std,
-    reward_table,
     to_rollout_sample,
 )
 
 __all__ = ["GroupRolloutWorker", "ScoredGroup"]
-
-# Dataset columns not passed to the reward functions (TRL's rule): the worker passes its own values under these names.
-_RESERVED_COLUMNS = ("prompt", "completion", "completion_ids")
 
 
 @dataclass
@@ -103,13 +97,6 @@ class GroupRolloutWorker(ThreadedRolloutWorker):
         super().__init__(**worker_args)
         self.advantage_fn = self.group_advantages if advantage_fn is None else advantage_fn
         self.last_groups: list[ScoredGroup] = []  # the groups of the last run (for inspection)
-        self._event_loop: asyncio.AbstractEventLoop | None = None  # for async reward functions, one per worker
-
-    def _on_thread_exit(self) -> None:
-        """Close the event loop of the async reward functions (it belongs to the thread)."""
-        if self._event_loop is not None:
-            self._event_loop.close()
-            self._event_loop = None
 
     # ------------------------------------------------------------------------------ one run
     def rollout(self, rows: Sequence[dict[str, Any]]) -> list[Any]:
@@ -160,7 +147,7 @@ class GroupRolloutWorker(ThreadedRolloutWorker):
         """The group's rewards (`summed_rewards`; where every function returned None: `unscored_reward`) and
         advantages; takes a group id."""
         texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in group]
-        per_func = self.rewards(row, texts, [list(c.token_ids) for c in group])
+        per_func = self.call_rewards(row, texts, [list(c.token_ids) for c in group])
         rewards = self.summed_rewards(per_func, unscored=self.unscored_reward)
         group_id, self.groups = self.groups, self.groups + 1
         return ScoredGroup(
@@ -174,31 +161,3 @@ class GroupRolloutWorker(ThreadedRolloutWorker):
             reward_std=population_std(rewards),
             group_id=group_id,
         )
-
-    def rewards(self, row: dict[str, Any], texts: list[str], ids: list[list[int]]) -> list[list[float]]:
-        """``(functions, G)`` rewards (None -> NaN), the functions called as `GRPOTrainer` calls them: ``prompts``,
-        ``completions`` (conversational for a conversational prompt), ``completion_ids``, every dataset column but
-        ``prompt``/``completion``/``completion_ids``, and ``log_metric``; an ``async def`` function is awaited on the
-        worker's own event loop."""
-        size = len(texts)
-        columns = {key: [value] * size for key, value in row.items() if key not in _RESERVED_COLUMNS}
-        kwargs = dict(
-            prompts=[row["prompt"]] * size,
-            completions=as_completions(row["prompt"], texts),
-            completion_ids=ids,
-            log_metric=self._reward_metric,
-            **columns,
-        )
-        return reward_table(self.reward_funcs, self.reward_func_names, kwargs, size, resolve=self._resolve)
-
-    def _resolve(self, values: Any) -> Any:
-        """An async reward function's rewards, awaited on the worker's own event loop."""
-        if not inspect.isawaitable(values):
-            return values
-        if self._event_loop is None:
-            self._event_loop = asyncio.new_event_loop()
-        return self._event_loop.run_until_complete(values)
-
-    def _reward_metric(self, name: str, value: float) -> None:
-        """A reward function's metric (TRL's ``log_metric``): logged as the mean over the logging window."""
-        self._push_metrics({name: float(value)})

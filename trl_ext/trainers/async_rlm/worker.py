@@ -41,10 +41,8 @@ from ...rlm.method import StepwiseRLM, answered_rewards, rollout_metrics
 from ...rlm.tree_files import next_run
 from ..async_worker import (
     ThreadedRolloutWorker,
-    as_completions,
     group_metrics,
     population_std,
-    reward_table,
     to_rollout_sample,
 )
 
@@ -74,7 +72,7 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
         seed: seeds the ``child_sampling="one"`` draws.
         worker_args: those of `ThreadedRolloutWorker`: ``dataset`` (rows with a ``prompt``, a string or chat
             messages whose last user message is the task), ``reward_funcs`` (given each root's final answer as the
-            completion, plus ``rlm_has_answer``), ``tokenizer``, ``generator``, ``num_generations`` (roots per
+            completion, plus ``rlm_has_answer``, called as every worker calls them: `call_rewards`), ``tokenizer``, ``generator``, ``num_generations`` (roots per
             prompt), ``groups_per_run`` (prompts whose trees one engine run samples together), ``scale_rewards``,
             ``reward_weights``, ...
 
@@ -118,7 +116,10 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
 
     def _group_samples(self, row: dict[str, Any], trees: list[RolloutTree], version: int) -> list[Any]:
         answers = [tree.final_answer for tree in trees]
-        per_func = self._rewards(row, answers)
+        # Each root's final answer is its completion ("" when it has none), as the synchronous trainer scores it.
+        texts = [answer or "" for answer in answers]
+        ids = [list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
+        per_func = self.call_rewards(row, texts, ids, rlm_has_answer=[answer is not None for answer in answers])
         answered = torch.tensor([answer is not None for answer in answers])
         rewards = answered_rewards(torch.tensor(self.summed_rewards(per_func), dtype=torch.float64), answered).tolist()
         advantages = self.group_advantages(rewards)
@@ -135,18 +136,3 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
             )
             samples += [to_rollout_sample(sample, version, weighted=self.weighted) for sample in tree_samples]
         return samples
-
-    def _rewards(self, row: dict[str, Any], answers: list[str | None]) -> list[list[float]]:
-        """``(functions, G)`` rewards of the answers (None -> NaN); the prompt's columns passed as TRL does."""
-        size = len(answers)
-        columns = {key: [value] * size for key, value in row.items() if key != "prompt"}
-        kwargs = dict(
-            prompts=[row["prompt"]] * size,
-            completions=as_completions(row["prompt"], [answer or "" for answer in answers]),
-            completion_ids=[
-                list(self.tokenizer(answer or "", add_special_tokens=False)["input_ids"]) for answer in answers
-            ],
-            rlm_has_answer=[answer is not None for answer in answers],
-            **columns,
-        )
-        return reward_table(self.reward_funcs, self.reward_func_names, kwargs, size)
