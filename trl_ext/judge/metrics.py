@@ -2,9 +2,8 @@
 
 As `trl_ext.rlm.metrics`, each value has the shape TRL's asynchronous trainer reduces a log window by: a rate is a
 ``(numerator, denominator)`` pair (Σ numerators / Σ denominators over ranks and the window, never a mean of ratios);
-a count of the batch is a float. The synchronous trainer sums every part over its ranks (one generation batch) and
-logs a rate whose denominator is 0 as 0; the asynchronous worker pushes the dictionary as it is, rates without a
-denominator left out.
+a count of the batch is a float. The synchronous trainer sums every part over its ranks (one generation batch), the
+asynchronous worker pushes the dictionary as it is; neither logs a rate whose denominator is 0.
 """
 
 from __future__ import annotations

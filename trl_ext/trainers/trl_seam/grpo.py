@@ -139,11 +139,10 @@ class TRLSeam(GRPOTrainer):
         metrics: Mapping[str, float | tuple[float, float]],
         *,
         counts: Collection[str] = (),
-        empty_rate: float | None = None,
     ) -> None:
         """Log a method's metrics of this rank's rollouts, reduced over all ranks as TRL's asynchronous trainer reduces
         a log window (`trl_ext.rlm.metrics`): a ``(numerator, denominator)`` pair as Σ numerators / Σ denominators
-        (``empty_rate`` when that is 0/0; None: nothing logged), a name with the word ``total`` summed, one with
+        (nothing logged when that is 0/0: the rate has no value), a name with the word ``total`` summed, one with
         ``max`` the largest; the names in ``counts`` (a count of the generation batch, `trl_ext.judge.metrics`) are
         summed too. Every rank must call it with the same names."""
         pairs, totals, maxima = [], [], []
@@ -166,8 +165,6 @@ class TRLSeam(GRPOTrainer):
             numerator, denominator = sums[2 * i], sums[2 * i + 1]
             if denominator:
                 self.log_metric(name, numerator / denominator)
-            elif empty_rate is not None:
-                self.log_metric(name, empty_rate)
         for name, total in zip(totals, sums[2 * len(pairs) :], strict=True):
             self.log_metric(name, total)
         if maxima:
