@@ -4,8 +4,10 @@ to TRL's, on a Qwen3-0.6B-shaped model (random weights, bf16), with SDPA and Fle
     python benchmarks/gpu.py [--budget-s 420] [--json gpu.json]   # a CUDA GPU; writes RESULTS.md's GPU section
     python benchmarks/gpu.py --smoke    # tiny sizes on any device, under a minute on 2 CPU cores (CI runs it)
 
-Sized for at most 8 minutes on one H200 (an estimate: no GPU run yet); ``--budget-s`` starts no arm after that
-many seconds, so a cut run still reports the arms that ran.
+On one H200 (2026-12-04) the SDPA arms and the first FlexAttention arm took 382 s with ``--budget-s 330``, the
+FlexAttention arm's warm-up (its compile) 82 s of it; the four FlexAttention arms left were skipped by the budget, so
+the whole run needs about 10 minutes. ``--budget-s`` starts no arm after that many seconds, so a cut run still
+reports the arms that ran.
 
 Arms, all in one process, one after the other (the table lists them in this order):
 
