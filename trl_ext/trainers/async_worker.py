@@ -45,6 +45,7 @@ __all__ = [
     "groups_per_run",
     "install_served_generator",
     "population_std",
+    "reward_func_names",
     "reward_table",
     "to_rollout_sample",
     "served_sampling_settings",
@@ -159,7 +160,7 @@ class ThreadedRolloutWorker:
             )
         self.dataset = dataset
         self.reward_funcs = list(reward_funcs)
-        self.reward_func_names = [getattr(func, "__name__", type(func).__name__) for func in self.reward_funcs]
+        self.reward_func_names = reward_func_names(self.reward_funcs)
         self.reward_weights = checked_reward_weights(reward_weights, self.reward_func_names)
         self.scale_rewards = scale_rewards
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
@@ -366,6 +367,9 @@ class ThreadedRolloutWorker:
         self._heartbeat = time.time()
 
     def _push_metrics(self, metrics: dict[str, Any]) -> None:
+        """Queue ``metrics`` for the trainer's log. TRL reduces a ``(numerator, denominator)`` rate over the log
+        window as Σ numerators / Σ denominators, so a rate with nothing counted (denominator 0) is left out."""
+        metrics = {name: value for name, value in metrics.items() if not (isinstance(value, tuple) and not value[1])}
         try:
             self.metrics_queue.put_nowait(metrics)
         except queue.Full:
@@ -525,6 +529,12 @@ def to_rollout_sample(sample: TrainingSample, model_version: int, *, weighted: b
         group_id=int(sample.group_id),
         metrics=metrics,
     )
+
+
+def reward_func_names(funcs: Sequence[Any]) -> list[str]:
+    """Each reward function's name, as the workers log it (``rewards/<name>``) and a config names it: its
+    ``__name__``, else its class's."""
+    return [getattr(func, "__name__", type(func).__name__) for func in funcs]
 
 
 # ---------------------------------------------------------------------------------- the trainers' set-up

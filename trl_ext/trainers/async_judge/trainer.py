@@ -16,6 +16,7 @@ from ...judge.judge import SpanJudge
 from ...judge.method import JudgeCredit, verdict_reward_index
 from ...methods import METHODS
 from ..async_seam import token_credit_collator
+from ..async_worker import reward_func_names
 from ..ext_async_grpo import ExtAsyncGRPOTrainer
 from .config import AsyncJudgeCreditConfig
 from .worker import JudgeRolloutWorker
@@ -99,7 +100,7 @@ class AsyncJudgeCreditTrainer(ExtAsyncGRPOTrainer):
             # every reward of the worker is a callable: it runs them all before the judge
             verdict_reward=verdict_reward_index(
                 args.judge_verdict_reward,
-                [getattr(f, "__name__", type(f).__name__) for f in funcs],
+                reward_func_names(funcs),
                 [True] * len(funcs),
             ),
             step=lambda: self.state.global_step,

@@ -113,8 +113,6 @@ class JudgeRolloutWorker(GroupRolloutWorker):
             step=self.step(),
             sources=lambda row: {"model_version": version, "group_id": rollouts[row][0].group_id},
         )
-        # A rate with nothing counted is left out (TRL reduces a window as Σ numerators / Σ denominators).
-        metrics = {name: value for name, value in metrics.items() if not (isinstance(value, tuple) and not value[1])}
         metrics["judge/latency_p50"] = statistics.median(v.latency_s for v in verdicts) if verdicts else 0.0
         metrics["judge/wait_s"] = waited
         metrics["judge/blocking_s"] = 0.0  # the training step never waits for the judge: the worker does

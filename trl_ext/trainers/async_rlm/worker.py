@@ -109,9 +109,7 @@ class RLMRolloutWorker(ThreadedRolloutWorker):
         for index, row in enumerate(rows):
             group = trees[index * self.num_generations : (index + 1) * self.num_generations]
             samples += self._group_samples(row, group, version)
-        # TRL reduces a rate over the log window (Σ numerators / Σ denominators): one with nothing counted is left out.
-        metrics = rollout_metrics(trees, stats, len(samples))
-        self._push_metrics({k: v for k, v in metrics.items() if not (isinstance(v, tuple) and not v[1])})
+        self._push_metrics(rollout_metrics(trees, stats, len(samples)))  # a rate with nothing counted left out
         return samples
 
     def _group_samples(self, row: dict[str, Any], trees: list[RolloutTree], version: int) -> list[Any]:
