@@ -9,7 +9,7 @@ when training has not ended by a hard deadline (`train_until_fault`). Both use t
   ``AsyncRolloutWorker.stop`` hangs for ever: setting its ``multiprocessing.Event`` waits for the dead child's
   stop-watcher thread to acknowledge the wake-up (an expected failure until the seam reaps a dead child first).
 - The server is killed: TRL's worker retries each request for about 9 minutes, ticking its heartbeat; with
-  `trl_ext.trainers.async_faults.watch_server` the trainer raises once ``/health`` has failed for
+  `trl_ext.trainers.ext_async_grpo.watch_server` the trainer raises once ``/health`` has failed for
   ``vllm_server_timeout`` seconds (or earlier, when a weight sync finds the server gone).
 
 Skipped where vLLM is not installed; run with ``.venv-vllm/bin/python -m pytest -m vllm tests/test_vllm_async_faults.py``.
@@ -136,7 +136,7 @@ def test_killed_worker_process_ends_training_with_a_clear_error(vllm_server, tmp
 
 
 def test_killed_server_ends_training_with_an_error_naming_it(vllm_server_to_kill, tmp_path):
-    from trl_ext.trainers.async_faults import watch_server
+    from trl_ext.trainers.ext_async_grpo import watch_server
 
     trainer = make_trainer(vllm_server_to_kill, tmp_path)
     watch = watch_server(trainer)

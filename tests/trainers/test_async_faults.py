@@ -20,8 +20,9 @@ import psutil
 import pytest
 
 from trl_ext.rlm.sandbox.limits import DEFAULT_SANDBOX_UIDS
+from trl_ext.serving.server_watch import ServerWatch
 from trl_ext.testing import VariantGenerator
-from trl_ext.trainers.async_faults import ServerWatch, watch_server
+from trl_ext.trainers.ext_async_grpo import watch_server
 
 from .test_async_rlm import DATASET, FlakyGenerator, make_trainer, model_dir  # noqa: F401  (model_dir: a fixture)
 from .test_ext_async_grpo import build_trainer, rollout_samples
@@ -194,7 +195,7 @@ def test_rlm_resume_keeps_counting_policy_versions(model_dir, tmp_path):  # noqa
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 1. The server goes away: `ServerWatch` (trl_ext.trainers.async_faults) against a real HTTP server
+# 1. The server goes away: `ServerWatch` (trl_ext.serving.server_watch) against a real HTTP server
 # ----------------------------------------------------------------------------------------------------------------
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802  (http.server's name)

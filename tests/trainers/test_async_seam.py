@@ -13,15 +13,14 @@ import torch
 from trl.experimental.async_grpo import AsyncGRPOTrainer, async_grpo_trainer, packing
 
 import trl_ext
+from trl_ext.attention import attention_allowed, flash_attn_varlen_cpu
 from trl_ext.trainers.async_seam import (
     ASYNC_ATTRIBUTES,
     ASYNC_MODULE_ATTRIBUTES,
     ASYNC_SEAM,
     KERNEL_KEYWORDS,
-    attention_allowed,
     check_trl_async,
     cpu_support_installed,
-    flash_attn_varlen_cpu,
     install_cpu_support,
 )
 from trl_ext.trainers.async_seam import check as async_check

@@ -19,9 +19,9 @@ from trl.experimental.async_grpo.packing import TreeRow
 
 from trl_ext.rlm.generators import SamplingSettings
 from trl_ext.samples import TrainingSample
+from trl_ext.serving.server_watch import ServerWatch
 from trl_ext.testing import build_tiny_model_and_tokenizer, yes_reward
 from trl_ext.trainers import LocalPolicy
-from trl_ext.trainers.async_faults import ServerWatch
 from trl_ext.trainers.async_rlm import AsyncStepwiseRLMConfig, AsyncStepwiseRLMTrainer
 from trl_ext.trainers.async_seam import LossWeightCollator
 from trl_ext.trainers.async_seam.weights import MODEL_VERSION_KEY, SAMPLE_VERSIONS_KEY, VersionTaggedQueue

@@ -1,4 +1,4 @@
-"""The pure batch and prompt-cap logic of the trainer (`trl_ext.trainers.batch`, `trl_ext.trainers.prompt_cap`)
+"""The pure batch and prompt-cap logic of the trainer (`trl_ext.samples`, `trl_ext.trainers.prompt_cap`)
 against hand-computed values (no model, no training)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trl_ext.trainers.batch import ZEROED_ON_PADDING, check_scored_batch, loss_mask, pad_batch, padding_rows
+from trl_ext.samples import ZEROED_ON_PADDING, check_scored_batch, loss_mask, pad_batch, padding_rows
 from trl_ext.trainers.prompt_cap import cap_prompt_ids, prompt_cap
 
 

@@ -11,9 +11,9 @@ from trl import GRPOConfig, GRPOTrainer
 
 from trl_ext import ExtGRPOConfig, ExtGRPOTrainer
 from trl_ext.losses import LOSSES
+from trl_ext.samples import check_scored_batch, pad_batch
 from trl_ext.testing import build_tiny_model_and_tokenizer
 from trl_ext.trainers import ext_grpo_config as ext_grpo
-from trl_ext.trainers.batch import check_scored_batch, pad_batch
 
 from ..utils import cpu_config_kwargs, digit_reward, run_processes, toy_dataset
 

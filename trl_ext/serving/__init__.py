@@ -7,7 +7,8 @@ trainer's weights reach it, apart from the trainers that use it.
   without a vLLM server);
 - `weight_sync`: `DiskWeightTransfer`, full weights to ``vllm serve`` without NCCL (safetensors and vLLM's reload),
   and `choose_weight_transfer`;
-- `server_probe`: `probe_server`, one ``/health`` probe and why a server cannot be reached.
+- `server_probe`: `probe_server`, one ``/health`` probe and why a server cannot be reached;
+- `server_watch`: `ServerWatch`, a server that stops answering during training ends it with an error naming it.
 
 Nothing here imports a trainer or TRL's trainers; the asynchronous trainers (`trl_ext.trainers.ext_async_grpo`) and
 their rollout workers import these.

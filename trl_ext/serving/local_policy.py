@@ -74,7 +74,7 @@ class LocalPolicy:
         version: syncs received so far.
     """
 
-    uses_server = False  # read by `trl_ext.trainers.async_faults.watch_server`: nothing to probe
+    uses_server = False  # read by `trl_ext.trainers.ext_async_grpo.watch_server`: nothing to probe
 
     def __init__(
         self,

@@ -34,8 +34,8 @@ from ..losses import LossSpec, get_loss, ppo_clip_loss
 from ..methods import METHODS
 from ..serving.local_policy import LocalPolicy, pair_local_policy
 from ..serving.server_probe import FAIL_FAST_PREFIXES, probe_server
+from ..serving.server_watch import ServerWatch
 from ..serving.weight_sync import choose_weight_transfer
-from .async_faults import watch_server
 from .async_seam import LOSS_WEIGHTS_KEY, AsyncSeam, TreeForward, fold_loss_weights, loss_weight_collator
 from .async_worker import ThreadedRolloutWorker, callable_reward_funcs, groups_per_run, install_served_generator
 from .ext_async_grpo_config import ExtAsyncGRPOConfig
@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 TRAINER_KEYWORDS = frozenset(inspect.signature(AsyncGRPOTrainer.__init__).parameters) - {"self"} | {"generator"}
 PROBE_TIMEOUT_S = 5.0  # one /health probe at construction (`ExtAsyncGRPOTrainer._fail_fast_without_server`)
 
-__all__ = ["ExtAsyncGRPOTrainer", "policy_stat_sums", "version_lags"]
+__all__ = ["ExtAsyncGRPOTrainer", "policy_stat_sums", "version_lags", "watch_server"]
 
 
 def policy_stat_sums(logps: Tensor, old_logps: Tensor, entropy: Tensor) -> dict[str, Tensor]:
@@ -85,6 +85,24 @@ def version_lags(sample_versions: Tensor, model_version: int, max_lag: int) -> T
         ``(M,)`` int64 lags.
     """
     return (model_version - sample_versions.round().long()).clamp(0, max_lag)
+
+
+def watch_server(trainer: Any) -> ServerWatch | None:
+    """Wrap ``trainer.rollout_worker.check_health`` in a `ServerWatch` of ``args.vllm_server_base_url`` with
+    ``args.vllm_server_timeout``; call it once, after TRL's ``__init__`` and before ``train()`` (the dataloader
+    takes the check when it is built). Returns the watch, or None on a rank without a worker or without a server URL,
+    or when the weights go to a sampler that uses no server (a ``weight_transfer`` with ``uses_server = False``:
+    `trl_ext.trainers.LocalPolicy`).
+    """
+    worker = getattr(trainer, "rollout_worker", None)
+    url = getattr(trainer.args, "vllm_server_base_url", None)
+    if worker is None or not url or not getattr(getattr(trainer, "weight_transfer", None), "uses_server", True):
+        return None
+    if isinstance(worker.check_health, ServerWatch):
+        return worker.check_health
+    watch = ServerWatch(worker.check_health, url, float(trainer.args.vllm_server_timeout))
+    worker.check_health = watch
+    return watch
 
 
 def _log_ppo_clip_metrics(trainer: Any, forward: TreeForward, flags: dict[str, Tensor]) -> None:

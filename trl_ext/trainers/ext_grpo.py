@@ -6,7 +6,7 @@ Everything TRL does (generation with transformers or vLLM, LoRA, Accelerate, rew
 1. ``loss_type`` picks a loss from the registry of `trl_ext.losses` (TRL's own, or ``"ipo"``: the
    probability-difference trust region of docs/ipo_loss.md).
 2. `process_scored_batch`, the one hook on the scored generation batch, runs inside the batch contract of
-   `trl_ext.trainers.batch` (`ScoredBatch`): a subclass may replace the ``(B,)`` advantages by ``(B, T)`` per-token
+   `trl_ext.samples` (`ScoredBatch`): a subclass may replace the ``(B,)`` advantages by ``(B, T)`` per-token
    ones, attach per-token loss weights, or change the rows (split rollouts into turns); rows are then padded (with
    zero-loss copies) so that none is dropped and every rank holds the same count, and ``num_items_in_batch`` is
    recomputed from the final masks.
@@ -40,7 +40,7 @@ from ..packing import (
     rows_from_padded,
     worth_packing,
 )
-from .batch import check_scored_batch, loss_mask, pad_batch, padding_rows
+from ..samples import check_scored_batch, loss_mask, pad_batch, padding_rows
 from .ext_grpo_config import ExtGRPOConfig
 from .learning_signal import LearningSignalWatch
 from .prompt_cap import cap_prompt_ids, prompt_cap
@@ -183,7 +183,7 @@ class ExtGRPOTrainer(TRLSeam):
         return capped
 
     # ------------------------------------------------------------------------------------------------------------
-    # The batch contract around the hook (trl_ext.trainers.batch)
+    # The batch contract around the hook (trl_ext.samples)
     # ------------------------------------------------------------------------------------------------------------
     def _run_scored_batch_hook(self, batch: dict[str, Any], scope: BatchScope) -> dict[str, Any]:
         batch["rewards"] = self._local_rewards(scope, len(scope.inputs))

@@ -40,7 +40,7 @@ from ..judge.credit import per_token_advantages
 from ..judge.judge import JudgeVerdict
 from ..judge.method import JudgeCredit, verdict_reward_index
 from ..methods import METHODS
-from .batch import loss_mask
+from ..samples import loss_mask
 from .ext_grpo import ExtGRPOTrainer, written_after
 from .judge_credit_config import JudgeCreditConfig
 from .requirements import changed_settings, check_trainer_inputs

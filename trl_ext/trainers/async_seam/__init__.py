@@ -6,7 +6,7 @@ trl-ext builds on ``AsyncGRPOTrainer`` through its extension points where they f
 
 | TRL internal | what the seam does, and why |
 |---|---|
-| ``packing._flash_attn`` (FA3 fetched from the Hub with ``kernels``) | off CUDA, replaced by `flash_attn_varlen_cpu`: the same varlen signature in plain torch, so tree-packed training runs on the CPU (`install_cpu_support`) |
+| ``packing._flash_attn`` (FA3 fetched from the Hub with ``kernels``) | off CUDA, replaced by `trl_ext.attention.flash_attn_varlen_cpu`: the same varlen signature in plain torch, so tree-packed training runs on the CPU (`install_cpu_support`) |
 | ``async_grpo_trainer.get_peak_flops_per_device`` (calls ``torch.cuda.get_device_name`` unconditionally) | off CUDA, answers None (no MFU metric) instead of failing in ``AsyncGRPOTrainer.__init__`` |
 | ``compute_loss``'s forward | `AsyncSeam.tree_forward` runs it as TRL does (padding-free row, tree kwargs, fused LM head), so a trl-ext loss gets the same log-probs |
 | ``_step_*`` / ``_last_forward_time_s`` (per-step accounting) | `AsyncSeam.record_micro_batch` adds a micro-batch whose loss trl-ext computed, as TRL's ``compute_loss`` does |
@@ -26,7 +26,7 @@ replacements dispatch on the tensors' device, so TRL's kernel and FLOPs table st
 Generation is TRL's: a rollout worker in a spawned child process against ``vllm serve`` (on the CPU, vLLM's CPU build;
 see the ``vllm`` test group), LoRA synced over HTTP.
 
-Modules: `check` (what the seam takes from TRL, as data, and `check_trl_async`), `cpu` (the kernel and the patch),
+Modules: `check` (what the seam takes from TRL, as data, and `check_trl_async`), `cpu` (the patch; the kernel is `trl_ext.attention`),
 `trainer` (`AsyncSeam`, `TreeForward`), `faults` (a dead worker process named and reaped; the policy version counter across a resume), `weights`
 (per-token loss weights through TRL's batch), `credit` (per-token advantages through TRL's batch), `policy` (`served_policy_names`). `check_trl_async` runs at import: it compares the signatures of the methods
 overridden and the module attributes replaced, the keywords TRL passes the attention kernel, the attributes read
@@ -48,7 +48,7 @@ from .check import (
     check_trl_async,
     collated_batch_keys,
 )
-from .cpu import attention_allowed, cpu_support_installed, flash_attn_varlen_cpu, install_cpu_support
+from .cpu import cpu_support_installed, install_cpu_support
 from .credit import (
     TOKEN_CREDIT_KEY,
     TokenCreditCollator,
@@ -83,12 +83,10 @@ __all__ = [
     "RolloutSample",
     "TokenCreditCollator",
     "TreeForward",
-    "attention_allowed",
     "check_trl_async",
     "collated_batch_keys",
     "credited_sample_metrics",
     "cpu_support_installed",
-    "flash_attn_varlen_cpu",
     "fold_loss_weights",
     "install_cpu_support",
     "loss_weight_collator",

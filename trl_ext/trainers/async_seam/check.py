@@ -70,7 +70,7 @@ ASYNC_MODULE_ATTRIBUTES: dict[tuple[object, str], tuple[str, ...]] = {
 }
 
 # The keywords `packing.tree_attention` passes to the kernel's ``flash_attn_varlen_func`` besides the 7 positional
-# arguments: `flash_attn_varlen_cpu` must take each.
+# arguments: `trl_ext.attention.flash_attn_varlen_cpu` must take each.
 KERNEL_KEYWORDS: tuple[str, ...] = ("softmax_scale", "causal", "window_size", "softcap")
 
 # Attributes the seam reads or writes on the trainer: set by AsyncGRPOTrainer's methods (``self.<name> = ...``) or

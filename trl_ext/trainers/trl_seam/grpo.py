@@ -208,7 +208,7 @@ class TRLSeam(GRPOTrainer):
 
     def process_scored_batch(self, batch: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """Transform this rank's scored generation batch (rewards and group advantages final) before TRL shuffles
-        and splits it; the default keeps it. `ExtGRPOTrainer` documents the batch (`trl_ext.trainers.batch`)."""
+        and splits it; the default keeps it. `ExtGRPOTrainer` documents the batch (`trl_ext.samples`)."""
         return batch
 
     def on_batch_end(self, scope: BatchScope) -> None:
@@ -256,7 +256,7 @@ class TRLSeam(GRPOTrainer):
 
     def _run_scored_batch_hook(self, batch: dict[str, Any], scope: BatchScope) -> dict[str, Any]:
         """Runs `process_scored_batch` on TRL's scored batch. Not a hook: `ExtGRPOTrainer` wraps the hook in its
-        batch contract (`trl_ext.trainers.batch`) here; subclasses override `process_scored_batch`."""
+        batch contract (`trl_ext.samples`) here; subclasses override `process_scored_batch`."""
         return self.process_scored_batch(batch, scope.inputs)
 
     # ---------------------------------------------------------------------------------------------- overrides

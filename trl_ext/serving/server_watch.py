@@ -1,11 +1,11 @@
-"""Fault detection for asynchronous training (docs/async.md): a `vllm serve` that went away ends training with an
-error that names it, instead of the trainer waiting on an empty rollout queue.
+"""`ServerWatch`: a `vllm serve` that went away ends asynchronous training with an error that names it (docs/async.md),
+instead of the trainer waiting on an empty rollout queue.
 
 TRL's asynchronous trainer notices a rollout worker that fails or stops ticking its heartbeat (``check_health``,
 called every few seconds while the trainer waits for samples). A server that is gone is neither: TRL's worker retries
 each ``/v1/completions`` request 30 times with a back-off of up to 16 s (about 9 minutes), ticking its heartbeat all the
-while, before it fails. `watch_server` wraps the worker's ``check_health`` so that each call also asks the server's
-``/health``; once the server has not answered for ``unreachable_after_s`` seconds (the config's
+while, before it fails. The asynchronous trainer wraps the worker's ``check_health`` in a `ServerWatch`
+(`trl_ext.trainers.ext_async_grpo.watch_server`), so that each call also asks the server's ``/health``; once the server has not answered for ``unreachable_after_s`` seconds (the config's
 ``vllm_server_timeout``), the check raises.
 """
 
@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import requests
 
-__all__ = ["ServerWatch", "watch_server"]
+__all__ = ["ServerWatch"]
 
 
 class ServerWatch:
@@ -90,21 +89,3 @@ class ServerWatch:
                 f"(> vllm_server_timeout={self.unreachable_after_s:.0f}; last: {self.last_error}). Restart "
                 "`vllm serve`, then resume from the last checkpoint (resume_from_checkpoint=True)."
             )
-
-
-def watch_server(trainer: Any) -> ServerWatch | None:
-    """Wrap ``trainer.rollout_worker.check_health`` in a `ServerWatch` of ``args.vllm_server_base_url`` with
-    ``args.vllm_server_timeout``; call it once, after TRL's ``__init__`` and before ``train()`` (the dataloader
-    takes the check when it is built). Returns the watch, or None on a rank without a worker or without a server URL,
-    or when the weights go to a sampler that uses no server (a ``weight_transfer`` with ``uses_server = False``:
-    `trl_ext.trainers.LocalPolicy`).
-    """
-    worker = getattr(trainer, "rollout_worker", None)
-    url = getattr(trainer.args, "vllm_server_base_url", None)
-    if worker is None or not url or not getattr(getattr(trainer, "weight_transfer", None), "uses_server", True):
-        return None
-    if isinstance(worker.check_health, ServerWatch):
-        return worker.check_health
-    watch = ServerWatch(worker.check_health, url, float(trainer.args.vllm_server_timeout))
-    worker.check_health = watch
-    return watch
