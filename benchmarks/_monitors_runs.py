@@ -172,8 +172,8 @@ def run_async(
     healthy); its record (`result_of`)."""
     from peft import LoraConfig
 
+    from trl_ext.rlm.generators import SamplingSettings
     from trl_ext.trainers import AsyncJudgeCreditTrainer, LocalPolicy
-    from trl_ext.trainers.async_worker import served_sampling_settings
 
     _, tokenizer, rl_set = sft
     sick = pathology or HEALTHY
@@ -194,7 +194,7 @@ def run_async(
                     time.sleep(sick.slow_generation_s)
                 return super().generate(prompts)
 
-        policy = Sampler(str(sft_dir), tokenizer, settings=served_sampling_settings(config))
+        policy = Sampler(str(sft_dir), tokenizer, settings=SamplingSettings.from_trl(config))
         trainer = AsyncJudgeCreditTrainer(
             str(sft_dir),
             [outcome_reward(onset, sick.reward)],  # no reward_weights here: per-digit accuracy is not logged

@@ -69,7 +69,8 @@ from trl_ext.rlm import ScriptedGenerator  # noqa: E402
 from trl_ext.rlm.method import StepwiseRLM  # noqa: E402
 from trl_ext.rlm.scaffold import ScaffoldArguments  # noqa: E402
 from trl_ext.testing import build_tiny_model_and_tokenizer  # noqa: E402
-from trl_ext.trainers.async_rlm import AsyncStepwiseRLMConfig, AsyncStepwiseRLMTrainer, RLMRolloutWorker  # noqa: E402
+from trl_ext.trainers.async_rlm import AsyncStepwiseRLMConfig, AsyncStepwiseRLMTrainer  # noqa: E402
+from trl_ext.trainers.async_worker import RolloutWorker  # noqa: E402
 from trl_ext.trainers.stepwise_rlm import StepwiseRLMConfig, StepwiseRLMTrainer  # noqa: E402
 
 NUM_GENERATIONS = 4
@@ -220,9 +221,9 @@ class NoWeightTransfer:
     def destroy(self) -> None: ...
 
 
-class TimedRLMRolloutWorker(RLMRolloutWorker):
-    """`RLMRolloutWorker` logging the seconds of every engine run (sampling, REPLs, rewards, samples) as
-    ``rollout/run_s`` and keeping them in ``run_seconds``; the library's worker logs no timing of its own."""
+class TimedRLMRolloutWorker(RolloutWorker):
+    """`RolloutWorker` (of `StepwiseRLM`) logging the seconds of every engine run (sampling, REPLs, rewards,
+    samples) as ``rollout/run_s`` and keeping them in ``run_seconds``; the library's worker logs no timing of its own."""
 
     run_seconds: list[float]
 
@@ -231,7 +232,7 @@ class TimedRLMRolloutWorker(RLMRolloutWorker):
         samples = super().rollout(rows)
         elapsed = time.perf_counter() - start
         self.run_seconds = [*getattr(self, "run_seconds", []), elapsed]
-        self._push_metrics({"rollout/run_s": elapsed})
+        self.push_metrics({"rollout/run_s": elapsed})
         return samples
 
 
@@ -253,13 +254,16 @@ def run_async(
         reward_funcs=[parts_reward],
         tokenizer=tokenizer,
         generator=teacher_generator(tokenizer, latency_s),
-        method=StepwiseRLM(config.scaffold_config(), tokenizer),
+        method=StepwiseRLM(
+            config.scaffold_config(),
+            tokenizer,
+            weighted=config.rlm_loss_normalization == "subtree",
+            seed=config.seed,
+        ),
         num_generations=NUM_GENERATIONS,
         groups_per_run=prompts,
         scale_rewards=config.scale_rewards,
-        weighted=config.rlm_loss_normalization == "subtree",
         queue_maxsize=config.queue_maxsize,
-        seed=config.seed,
     )
     clock = StepClock()
     trainer = AsyncStepwiseRLMTrainer(

@@ -95,11 +95,11 @@ def train_arm(start: Any, settings: Any, output: Path, staleness: int, loss: str
     from trl_ext.callbacks import default_monitors
     from trl_ext.quickstart.evaluation import evaluate_policy
     from trl_ext.quickstart.toy_task import parts_reward
+    from trl_ext.rlm.generators import SamplingSettings
     from trl_ext.trainers import AsyncStepwiseRLMTrainer, LocalPolicy
-    from trl_ext.trainers.async_worker import served_sampling_settings
 
     config = async_config(settings, output, staleness, loss, args.steps, args.micro_batch)
-    policy = LocalPolicy(str(start.sft_dir), start.tokenizer, settings=served_sampling_settings(config))
+    policy = LocalPolicy(str(start.sft_dir), start.tokenizer, settings=SamplingSettings.from_trl(config))
     lora = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=0.0, target_modules="all-linear")
     trainer = AsyncStepwiseRLMTrainer(
         str(start.sft_dir),

@@ -60,8 +60,8 @@ def run_arm(start, settings, arm: str, workdir: Path, args: argparse.Namespace, 
     from trl_ext.quickstart.settings import toy_rl_config_kwargs
     from trl_ext.quickstart.toy_task import parts_reward
     from trl_ext.quickstart.training import fresh_copy, quiet_progress
+    from trl_ext.rlm.generators import SamplingSettings
     from trl_ext.trainers import AsyncStepwiseRLMTrainer, LocalPolicy, StepwiseRLMConfig, StepwiseRLMTrainer
-    from trl_ext.trainers.async_worker import served_sampling_settings
 
     overrides = dict(ARMS[arm])
     settings = dataclasses.replace(settings, loss_type=overrides.pop("loss_type", settings.loss_type))
@@ -103,7 +103,7 @@ def run_arm(start, settings, arm: str, workdir: Path, args: argparse.Namespace, 
         config = async_config(settings, output, staleness, settings.loss_type, args.steps, args.micro_batch)
         for key, value in overrides.items():
             setattr(config, key, value)
-        policy = LocalPolicy(str(start.sft_dir), start.tokenizer, settings=served_sampling_settings(config))
+        policy = LocalPolicy(str(start.sft_dir), start.tokenizer, settings=SamplingSettings.from_trl(config))
         trainer = AsyncStepwiseRLMTrainer(
             str(start.sft_dir), parts_reward, args=config, train_dataset=start.rl_split,
             processing_class=start.tokenizer, generator=policy, weight_transfer=policy, peft_config=lora,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trl_ext.fields import documented
-from trl_ext.losses import ipo_keep_mask, ipo_loss, ppo_clip_flags, ppo_clip_loss, sampling_mismatch
+from trl_ext.losses import folded_advantages, ipo_keep_mask, ipo_loss, ppo_clip_flags, ppo_clip_loss, sampling_mismatch
 
 # Two rollouts, three completion tokens; the last token of row 1 is padding.
 P = torch.tensor([[0.5, 0.9, 0.1], [0.2, 0.05, 0.6]], dtype=torch.float64)
@@ -353,3 +353,11 @@ def test_register_loss_needs_a_settings_dataclass():
 
     with pytest.raises(TypeError, match="must be a dataclass whose fields are the loss's settings"):
         register_loss(LossSpec("test_bad", "tokens", _scaled_loss, settings={"scale": "ipo_ratio_cap"}))
+
+
+def test_folded_advantages_weigh_each_tokens_advantage():
+    weights = torch.tensor([[1.0, 0.5], [0.0, 2.0]])
+    assert folded_advantages(torch.tensor([1.0, -2.0]), weights).tolist() == [[1.0, 0.5], [0.0, -4.0]]  # (B,)
+    per_token = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64)
+    folded = folded_advantages(per_token, weights)
+    assert folded.tolist() == [[1.0, 1.0], [0.0, 8.0]] and folded.dtype == torch.float64  # the advantages' dtype

@@ -58,7 +58,7 @@ def test_async_rlmt_trains_on_served_completions_scored_by_the_reward_model(tmp_
     worker = trainer.rollout_worker
     history = trained_on_synced_adapters(trainer, vllm_server, MAX_STEPS)
     tokenizer = worker.tokenizer
-    completions = worker.last_completions
+    completions = worker.method.last_completions
     assert len(completions) == NUM_GENERATIONS
     assert len({tuple(ids) for ids, _, _ in completions}) > 1  # n-sampling: a group's completions are distinct draws
     for ids, _, _ in completions:  # each ends at its first stop string at the latest: nothing after it

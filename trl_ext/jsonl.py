@@ -9,6 +9,8 @@ rollout trees (``rlm_trees/<mode>-v<NNNNNN>-<writer>.jsonl``, `trl_ext.rlm.tree_
   Before appending it cuts away a torn last line left by an earlier crash (with a warning), so a record is never
   glued onto a fragment.
 * `read_jsonl` skips lines it cannot read (with one warning) instead of raising, and reads a missing file as ``[]``.
+* `written_after` tells which records a resumed run writes again (those of the steps after its checkpoint), so a
+  trainer cuts them away with `rewrite_jsonl` first.
 * `rewrite_jsonl` and `write_json_atomic` write a temporary file in the same folder, fsync it and ``os.replace`` it
   over the target: a reader sees the old file or the new one, never a mix; a failed write leaves the old one.
 
@@ -30,7 +32,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["append_jsonl", "read_jsonl", "rewrite_jsonl", "write_json_atomic"]
+__all__ = ["append_jsonl", "read_jsonl", "rewrite_jsonl", "write_json_atomic", "written_after"]
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +146,16 @@ def write_json_atomic(path: str | os.PathLike[str], content: Any) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------------- helpers
+def written_after(mode: str, record_step: int, start_step: int) -> bool:
+    """Whether a record written at global step ``record_step`` in ``mode`` comes after a checkpoint at ``start_step``.
+
+    A training batch for step g+1 is generated (and its records written) while the global step is still g, so the
+    training records of steps >= ``start_step`` are redone after resuming; evaluation at step S runs before
+    checkpoint-S is saved, so only evaluation records of steps > ``start_step`` are.
+    """
+    return record_step >= start_step if mode == "train" else record_step > start_step
+
+
 def _key(path: Path) -> str:
     return os.path.abspath(path)
 

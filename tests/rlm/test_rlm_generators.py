@@ -231,6 +231,12 @@ def test_one_sampling_settings_home_for_every_generator(tiny):
     )
     settings = SamplingSettings.from_trl(args)
     assert settings == SamplingSettings(20, 0.5, 0.9, 0, 0.05, 1.3, {"no_repeat_ngram_size": 2})
+    # TRL's AsyncGRPOConfig has no generation_kwargs: the extra request fields are the method's (RLMT's stop)
+    async_args = SimpleNamespace(**{k: v for k, v in vars(args).items() if k != "generation_kwargs"})
+    assert SamplingSettings.from_trl(async_args).generation_kwargs == {}
+    assert SamplingSettings.from_trl(async_args, {"stop": ["</response>"]}).generation_kwargs == {
+        "stop": ["</response>"]
+    }
     model, tokenizer = tiny
     trainer = SimpleNamespace(
         args=args, model=model, processing_class=tokenizer, accelerator=SimpleNamespace(unwrap_model=lambda m: m)

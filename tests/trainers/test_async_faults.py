@@ -1,5 +1,5 @@
 """Faults of asynchronous training on the CPU, without vLLM (issue 29): what `AsyncStepwiseRLMTrainer` (its
-`RLMRolloutWorker` thread, scripted RLM trees with real sandboxed REPLs, a no-op weight sync) and
+`RolloutWorker` (of `StepwiseRLM`) thread, scripted RLM trees with real sandboxed REPLs, a no-op weight sync) and
 `ExtAsyncGRPOTrainer` (an in-process queue worker) do when the rollouts fail, hang, go stale or are cut by a resume.
 
 Every training run goes through `train_within`, which fails the test after a hard deadline instead of blocking CI

@@ -31,10 +31,9 @@ from trl_ext.testing import build_tiny_model_and_tokenizer
 from trl_ext.trainers.async_judge import (
     AsyncJudgeCreditConfig,
     AsyncJudgeCreditTrainer,
-    JudgeRolloutWorker,
 )
-from trl_ext.trainers.async_seam import TOKEN_CREDIT_KEY, TokenCreditCollator
-from trl_ext.trainers.async_worker import to_rollout_sample
+from trl_ext.trainers.async_seam import TOKEN_CREDIT_KEY, TokenCreditCollator, to_rollout_sample
+from trl_ext.trainers.async_worker import RolloutWorker
 from trl_ext.trainers.judge_credit_config import JudgeCreditConfig
 
 from .test_ext_async_grpo import NoWeightSync
@@ -235,12 +234,13 @@ def make_worker(server, tmp_path, **overrides):
     method = JudgeCredit(
         SpanJudge(client, tools=[]), tokenizer, marker_every=1, audit_path=tmp_path / "judge_audit.jsonl"
     )
+    method.verdict_reward = 0
     settings = dict(
         dataset=DATASET, reward_funcs=[digits], tokenizer=tokenizer, generator=TurnTakingGenerator(tokenizer),
-        method=method, num_generations=4, verdict_reward=0,
+        method=method, num_generations=4, scale_rewards="none",
     )  # fmt: skip
     settings.update(overrides)
-    return JudgeRolloutWorker(**settings)
+    return RolloutWorker(**settings)
 
 
 def drain(worker) -> list[dict]:
@@ -260,7 +260,7 @@ def test_a_judge_fault_gives_zero_credit_counted_and_audited(tmp_path):
     with ScriptedChatServer(half_broken(SpanPickingJudge())) as server:
         worker = make_worker(server, tmp_path)
         samples = worker.rollout([DATASET[0], DATASET[1]])
-    verdicts = worker.last_verdicts
+    verdicts = worker.method.last_verdicts
     assert len(samples) == len(verdicts) == 8
     failed = [not verdict.ok for verdict in verdicts]
     assert 0 < sum(failed) < 8  # both kinds happened

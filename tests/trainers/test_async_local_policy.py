@@ -15,11 +15,12 @@ from transformers import TrainerCallback
 
 from trl_ext import ExtAsyncGRPOConfig, ExtAsyncGRPOTrainer
 from trl_ext.rlm.generators import SamplingSettings
+from trl_ext.rollouts import GRPOGroups
 from trl_ext.testing import build_tiny_model_and_tokenizer, save_tiny_model
 from trl_ext.trainers import LocalPolicy
 from trl_ext.trainers.async_seam.trainer import STALE_TOKENS_METRIC
 from trl_ext.trainers.async_seam.weights import LOSS_WEIGHTS_KEY, stale_token_mask, without_tokens
-from trl_ext.trainers.group_worker import GroupRolloutWorker
+from trl_ext.trainers.async_worker import RolloutWorker
 from trl_ext.trainers.learning_signal import NO_SIGNAL_STEPS, LearningSignalWatch
 
 from .test_async_faults import train_within
@@ -63,7 +64,7 @@ def local_grpo(model_path, output_dir, *, policy=None, callbacks=None, **overrid
 def test_ext_async_grpo_trains_from_a_local_policy_without_a_server(model_path, tmp_path):
     trainer, policy = local_grpo(model_path, tmp_path)
     assert trainer.weight_transfer is policy  # passed once, as generator=: it receives the weights too
-    assert isinstance(trainer.rollout_worker, GroupRolloutWorker)
+    assert isinstance(trainer.rollout_worker, RolloutWorker) and isinstance(trainer.rollout_worker.method, GRPOGroups)
     assert trainer.args.token_budget == policy.max_model_len  # not asked of a server
     tick = time.monotonic()
     assert train_within(trainer) is None

@@ -1,6 +1,7 @@
-"""`AsyncStepwiseRLMTrainer` on the CPU without vLLM: its `RLMRolloutWorker` runs the RLM engine on the scripted
-depth-2 trees of the synchronous tests (`tests/trainers/test_stepwise_rlm.py`), the weight sync is a no-op. The loss
-of a micro-batch of whole trees equals the direct ``mean_g L_subtree(root_g)`` of docs/stepwise_rlm.md."""
+"""`AsyncStepwiseRLMTrainer` on the CPU without vLLM: its `RolloutWorker` (of `StepwiseRLM`) runs the RLM engine
+on the scripted depth-2 trees of the synchronous tests (`tests/trainers/test_stepwise_rlm.py`), the weight sync is a
+no-op. The loss of a micro-batch of whole trees equals the direct ``mean_g L_subtree(root_g)`` of
+docs/stepwise_rlm.md."""
 
 from __future__ import annotations
 
@@ -24,10 +25,9 @@ from trl_ext.trainers import ExtAsyncGRPOConfig
 from trl_ext.trainers.async_rlm import (
     AsyncStepwiseRLMConfig,
     AsyncStepwiseRLMTrainer,
-    RLMRolloutWorker,
 )
-from trl_ext.trainers.async_seam import LossWeightCollator
-from trl_ext.trainers.async_worker import to_rollout_sample
+from trl_ext.trainers.async_seam import LossWeightCollator, to_rollout_sample
+from trl_ext.trainers.async_worker import RolloutWorker
 from trl_ext.trainers.stepwise_rlm_config import StepwiseRLMConfig
 
 from .test_ext_async_grpo import NoWeightSync
@@ -108,7 +108,7 @@ def test_loss_of_whole_trees_equals_direct_subtree_objective(model_dir, tmp_path
     trainer = make_trainer(model_dir, tmp_path, loss_type=loss_type, ipo_kl_tau=tau, ipo_threshold=1.0)
     worker = trainer.rollout_worker
     samples = worker.rollout([DATASET[0]])  # one group: 4 trees of 6 nodes
-    trees = worker.last_trees
+    trees = worker.method.last_trees
     assert len(trees) == 4 and len(samples) == 4 * RLM_SCRIPT_TURNS["root task"]
     assert sorted(tree.final_answer for tree in trees) == ["no", "no", "yes", "yes"]
 
@@ -170,7 +170,7 @@ def tree_samples(tree, turns, **fields):
 def test_tree_samples_are_every_turn_with_its_weight(model_dir, tmp_path):
     trainer = make_trainer(model_dir, tmp_path)
     trainer.rollout_worker.rollout([DATASET[0]])
-    tree = trainer.rollout_worker.last_trees[0]
+    tree = trainer.rollout_worker.method.last_trees[0]
     samples = tree_samples(tree, tree.turn_samples(), metrics={"reward": 1.0})
     turns = [(node, turn) for node in tree.nodes for turn in node.turns]
     assert len(samples) == len(turns) == RLM_SCRIPT_TURNS["root task"]
@@ -199,7 +199,7 @@ def test_reward_weights_weigh_each_function_in_the_sum(model_dir, tmp_path):
     trainer = make_trainer(model_dir, tmp_path, reward_funcs=[yes_reward, length_of_yes], reward_weights=[2.0, -0.5])
     worker = trainer.rollout_worker
     samples = worker.rollout([DATASET[0]])
-    answers = [tree.final_answer for tree in worker.last_trees]
+    answers = [tree.final_answer for tree in worker.method.last_trees]
     assert sorted(answers) == ["no", "no", "yes", "yes"]
     # "yes": 2·1 − 0.5·3 = 0.5; "no": 2·0, its None from length_of_yes skipped = 0.0
     expected = [0.5 if answer == "yes" else 0.0 for answer in answers]
@@ -223,7 +223,7 @@ def test_reward_functions_are_called_as_grpo_trainer_calls_them(model_dir, tmp_p
     trainer = make_trainer(model_dir, tmp_path, reward_funcs=[answered_and_logged])
     worker = trainer.rollout_worker
     samples = worker.rollout([DATASET[0]])
-    answers = [tree.final_answer for tree in worker.last_trees]
+    answers = [tree.final_answer for tree in worker.method.last_trees]
     firsts = samples[:: RLM_SCRIPT_TURNS["root task"]]
     assert [sample.metrics["reward"] for sample in firsts] == [float(answer == "yes") for answer in answers]
     logged = [worker.metrics_queue.get_nowait() for _ in range(worker.metrics_queue.qsize())]
@@ -241,7 +241,7 @@ def test_each_run_writes_its_trees_and_a_resumed_run_never_reuses_a_file(model_d
     folder = tmp_path / TREES_FOLDER
     worker.update_model_version(3)
     worker.rollout([DATASET[0]])
-    first_trees = worker.last_trees
+    first_trees = worker.method.last_trees
     worker.rollout([DATASET[1]])
     first = folder / "train-v000003-run000000.jsonl"
     assert sorted(path.name for path in folder.iterdir()) == [first.name, "train-v000003-run000001.jsonl"]
@@ -254,7 +254,7 @@ def test_each_run_writes_its_trees_and_a_resumed_run_never_reuses_a_file(model_d
 
     # A resumed run: a new worker on the same folder, its version counter restored to the checkpoint's (3 again).
     before = {path.name: path.read_bytes() for path in folder.iterdir()}
-    resumed = RLMRolloutWorker(
+    resumed = RolloutWorker(
         dataset=DATASET, reward_funcs=[yes_reward], tokenizer=tokenizer,
         generator=VariantGenerator(tokenizer),
         method=StepwiseRLM(RLMScaffoldConfig(max_depth=2, max_turns=4), tokenizer, trees_dir=folder), num_generations=4,
@@ -306,7 +306,7 @@ class FlakyGenerator(ScriptedGenerator):
 
 def make_worker(model_dir, generator_failures: int):
     _, tokenizer = build_tiny_model_and_tokenizer(0)
-    return RLMRolloutWorker(
+    return RolloutWorker(
         dataset=DATASET, reward_funcs=[yes_reward], tokenizer=tokenizer,
         generator=FlakyGenerator(tokenizer, generator_failures),
         method=StepwiseRLM(RLMScaffoldConfig(max_depth=2, max_turns=4), tokenizer), num_generations=2,

@@ -1,4 +1,4 @@
-"""`AsyncRLMTTrainer` on the CPU without vLLM: its `RLMTRolloutWorker` samples from a scripted generator whose
+"""`AsyncRLMTTrainer` on the CPU without vLLM: its rollout worker (`RLMT`) samples from a scripted generator whose
 completions run past the stop string, scores them with a tiny reward model, and the weight sync is a no-op. Runs
 against ``vllm serve`` are the ``vllm`` group's (tests/test_vllm_async_rlmt.py)."""
 
@@ -22,14 +22,15 @@ from trl_ext.rewards.rlmt import (
     RewardModelScorer,
     cut_at_stop,
 )
+from trl_ext.rewards.rlmt.method import RLMT
 from trl_ext.rlm.generators import Completion
+from trl_ext.serving.served_policy import group_size
 from trl_ext.testing import build_tiny_reward_model, build_tiny_tokenizer
 from trl_ext.trainers.async_rlmt import (
     AsyncRLMTConfig,
     AsyncRLMTTrainer,
-    RLMTRolloutWorker,
-    group_size,
 )
+from trl_ext.trainers.async_worker import RolloutWorker
 from trl_ext.trainers.rlmt_config import RLMTConfig
 
 from ..utils import saved_tiny_model
@@ -243,7 +244,7 @@ def test_async_reward_functions_are_awaited(model_dir, tmp_path):
 
     trainer = make_trainer(model_dir, tmp_path, length_reward, rlmt_format="zero")
     samples = trainer.rollout_worker.rollout([trainer.train_dataset[1]])
-    completions = [text for _, text, _ in trainer.rollout_worker.last_completions]
+    completions = [text for _, text, _ in trainer.rollout_worker.method.last_completions]
     assert [s.metrics["reward"] for s in samples] == [float(len(text)) for text in completions]
 
 
@@ -255,7 +256,7 @@ def test_trains_two_steps_with_the_reward_model_of_the_config(model_dir, reward_
         model_dir, tmp_path, rlmt_format="zero", max_steps=2, queue_maxsize=16,
         reward_model_name_or_path=reward_model_dir, reward_model_dtype="float32",
     )  # fmt: skip
-    assert isinstance(trainer.rollout_worker, RLMTRolloutWorker)
+    assert isinstance(trainer.rollout_worker, RolloutWorker) and isinstance(trainer.rollout_worker.method, RLMT)
     assert isinstance(trainer.rollout_worker.reward_funcs[0], RewardModelScorer)
     before = {name: param.detach().clone() for name, param in trainer.model.named_parameters()}
     trainer.train()

@@ -17,16 +17,17 @@ from datasets import Dataset
 from peft import LoraConfig
 from trl.experimental.async_grpo.packing import TreeRow
 
+from trl_ext.losses import version_lags
 from trl_ext.rlm.generators import SamplingSettings
+from trl_ext.rollouts import RolloutMethod
 from trl_ext.samples import TrainingSample
 from trl_ext.serving.server_watch import ServerWatch
 from trl_ext.testing import build_tiny_model_and_tokenizer, yes_reward
 from trl_ext.trainers import LocalPolicy
 from trl_ext.trainers.async_rlm import AsyncStepwiseRLMConfig, AsyncStepwiseRLMTrainer
-from trl_ext.trainers.async_seam import LossWeightCollator
+from trl_ext.trainers.async_seam import LossWeightCollator, to_rollout_sample
 from trl_ext.trainers.async_seam.weights import MODEL_VERSION_KEY, SAMPLE_VERSIONS_KEY, VersionTaggedQueue
-from trl_ext.trainers.async_worker import StalenessGate, ThreadedRolloutWorker, to_rollout_sample
-from trl_ext.trainers.ext_async_grpo import version_lags
+from trl_ext.trainers.async_worker import RolloutWorker, StalenessGate
 
 from .test_async_rlm import DATASET, make_trainer, model_dir  # noqa: F401  (model_dir: a fixture)
 
@@ -69,13 +70,30 @@ def test_gate_measures_samples_per_version_without_a_figure():
     assert not gate.room(consumed=7, queued=1)  # 1 taken at this version: 1 + 1 + 5 > 6
 
 
-class CountingWorker(ThreadedRolloutWorker):
-    """A worker whose run turns each row into ``per_row`` one-token samples; records the rows of every run."""
+class Counting(RolloutMethod):
+    """A method whose run turns each row into ``per_row`` one-token samples; records the rows of every run."""
 
-    worker_name = "counting"
+    name = "counting"
+
+    def __init__(self, per_row: int) -> None:
+        self.per_row = per_row
+        self.runs: list[list[int]] = []
+
+    def rollout(self, rows, runtime, version):
+        self.runs.append([row["index"] for row in rows])
+        samples = []
+        for _ in rows:
+            group_id = runtime.next_group_id()
+            samples += [TrainingSample([1], [2], [-0.5], advantage=0.0, group_id=group_id)] * self.per_row
+        return samples
+
+
+class CountingWorker(RolloutWorker):
+    """The rollout worker of `Counting`; ``runs``: the rows of every run."""
 
     def __init__(self, dataset: Any, per_row: int = 2, groups_per_run: int = 1, queue_maxsize: int = 0) -> None:
         super().__init__(
+            method=Counting(per_row),
             dataset=dataset,
             reward_funcs=[lambda **kwargs: [0.0]],
             tokenizer=None,
@@ -85,18 +103,10 @@ class CountingWorker(ThreadedRolloutWorker):
             queue_maxsize=queue_maxsize,
             max_consecutive_errors=1,
         )
-        self.per_row = per_row
-        self.runs: list[list[int]] = []
 
-    def rollout(self, rows):
-        self.runs.append([row["index"] for row in rows])
-        samples = []
-        for _ in rows:
-            group_id, self.groups = self.groups, self.groups + 1
-            for _ in range(self.per_row):
-                sample = TrainingSample([1], [2], [-0.5], advantage=0.0, group_id=group_id)
-                samples.append(to_rollout_sample(sample, self.model_version))
-        return samples
+    @property
+    def runs(self) -> list[list[int]]:
+        return self.method.runs
 
 
 def wait_until(condition, timeout_s: float = 30.0) -> bool:

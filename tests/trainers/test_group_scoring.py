@@ -1,4 +1,4 @@
-"""The group scoring every asynchronous rollout worker shares (`ThreadedRolloutWorker`, `GroupRolloutWorker`): rewards
+"""The group scoring every asynchronous method shares (`RolloutWorker.sample_groups`, `GRPOGroups`, `RLMT`): rewards
 weighted by ``reward_weights`` and summed with a None skipped, as `GRPOTrainer` sums them; ``async def`` reward
 functions awaited; ``log_metric`` passed; GRPOTrainer's group advantage under ``scale_rewards``. Real workers, a
 tokenizer built in code and a generator that returns fixed completions."""
@@ -8,10 +8,11 @@ import math
 import pytest
 
 from trl_ext.advantages import async_group_advantages, group_advantages
+from trl_ext.rewards.rlmt.method import RLMT
 from trl_ext.rlm.generators import Completion
+from trl_ext.rollouts import GRPOGroups
 from trl_ext.testing import build_tiny_tokenizer
-from trl_ext.trainers.async_rlmt import RLMTRolloutWorker
-from trl_ext.trainers.group_worker import GroupRolloutWorker
+from trl_ext.trainers.async_worker import RolloutWorker
 
 TEXTS = ["a b", "a b c d", "a", "a b c"]
 
@@ -39,9 +40,10 @@ async def awaited(completions, log_metric, **kwargs):
     return [1.0 for _ in completions]
 
 
-def worker(cls=GroupRolloutWorker, **settings):
+def worker(method=None, **settings):
     tokenizer = build_tiny_tokenizer()
-    return cls(
+    return RolloutWorker(
+        method=GRPOGroups() if method is None else method,
         dataset=[{"prompt": "q", "answer": "x"}],
         tokenizer=tokenizer,
         generator=FixedGenerator(tokenizer),
@@ -63,7 +65,7 @@ def test_rewards_are_weighted_sums_with_none_skipped_and_async_functions_awaited
 
 @pytest.mark.parametrize("scale_rewards", ["group", "none"])
 def test_method_workers_use_grpo_trainers_group_advantage(scale_rewards):
-    rlmt = worker(RLMTRolloutWorker, reward_funcs=[length], scale_rewards=scale_rewards, reward_weights=[3.0])
+    rlmt = worker(RLMT(), reward_funcs=[length], scale_rewards=scale_rewards, reward_weights=[3.0])
     samples = rlmt.rollout(rlmt.dataset)
     rewards = [3.0 * len(text) for text in TEXTS]
     assert [s.metrics["reward"] for s in samples] == pytest.approx(rewards)
@@ -76,7 +78,7 @@ def test_a_completion_no_function_scores_gets_zero_reward_or_no_advantage():
 
     grpo = worker(reward_funcs=[never])  # GRPOTrainer's nansum: 0
     assert [s.metrics["reward"] for s in grpo.rollout(grpo.dataset)] == [0.0] * 4
-    rlmt = worker(RLMTRolloutWorker, reward_funcs=[never])  # unscored: left out of the advantage
+    rlmt = worker(RLMT(), reward_funcs=[never])  # unscored: left out of the advantage
     assert [s.advantage for s in rlmt.rollout(rlmt.dataset)] == [0.0] * 4
 
 

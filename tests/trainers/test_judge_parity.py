@@ -1,8 +1,8 @@
 """The synchronous and the asynchronous judge-credit trainers agree: the same completions (scripted), the same judge
 (a scripted server that picks spans from the trace) and the same rewards give each completion token the same
-advantage ``A + cap_λ(c)_t`` in `JudgeCreditTrainer`'s scored batch and in `JudgeRolloutWorker`'s samples, both
-write the same audit-log layout and judge metric names and values, and, for the same p_old and policy, one training
-step has the same loss and gradient in both."""
+advantage ``A + cap_λ(c)_t`` in `JudgeCreditTrainer`'s scored batch and in the asynchronous `RolloutWorker`'s
+samples (`JudgeCredit.rollout`), both write the same audit-log layout and judge metric names and values, and, for the
+same p_old and policy, one training step has the same loss and gradient in both."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from trl_ext.judge.credit import DEFAULT_LABEL_SCORES
 from trl_ext.judge.method import JudgeCredit
 from trl_ext.quickstart.scripted_server import ScriptedChatServer
 from trl_ext.testing import build_tiny_model_and_tokenizer
-from trl_ext.trainers.async_judge import AsyncJudgeCreditConfig, AsyncJudgeCreditTrainer, JudgeRolloutWorker
+from trl_ext.trainers.async_judge import AsyncJudgeCreditConfig, AsyncJudgeCreditTrainer
 from trl_ext.trainers.async_seam import TOKEN_CREDIT_KEY
+from trl_ext.trainers.async_worker import RolloutWorker
 from trl_ext.trainers.judge_credit import JudgeCreditConfig, JudgeCreditTrainer
 
 from ..utils import cpu_config_kwargs, generator_rollout_func
@@ -37,8 +38,9 @@ def test_sync_and_async_judge_credit_give_every_token_the_same_advantage(tmp_pat
         config = JudgeCreditConfig(
             **cpu_config_kwargs(str(tmp_path / "sync"), max_completion_length=16), **judge_kwargs(server)
         )
-        worker = JudgeRolloutWorker(
+        worker = RolloutWorker(
             dataset=dataset,
+            scale_rewards="none",
             reward_funcs=[digits],
             tokenizer=tokenizer,
             generator=TurnTakingGenerator(tokenizer),
@@ -59,7 +61,9 @@ def test_sync_and_async_judge_credit_give_every_token_the_same_advantage(tmp_pat
             train_dataset=dataset,
             processing_class=tokenizer,
             # the worker's prompt rendering and sampler: both trainers score and judge the very same tokens
-            rollout_func=generator_rollout_func(TurnTakingGenerator(tokenizer), worker.prompt_ids),
+            rollout_func=generator_rollout_func(
+                TurnTakingGenerator(tokenizer), lambda prompt: worker.method.prompt_ids(prompt, worker)
+            ),
         )
         sync.model.train()
         sync._generate_and_score_completions([dict(row) for row in dataset])
@@ -142,7 +146,9 @@ def test_sync_and_async_judge_credit_give_the_same_loss_and_gradient(tmp_path, l
             args=JudgeCreditConfig(**cpu_config_kwargs(str(tmp_path / "sync"), num_iterations=2, **shared)),
             train_dataset=dataset,
             processing_class=tokenizer,
-            rollout_func=generator_rollout_func(TurnTakingGenerator(tokenizer), worker.prompt_ids),
+            rollout_func=generator_rollout_func(
+                TurnTakingGenerator(tokenizer), lambda prompt: worker.method.prompt_ids(prompt, worker)
+            ),
         )
         sync.model.train()
         sync.current_gradient_accumulation_steps = 1

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from trl_ext.jsonl import read_jsonl
+from trl_ext.jsonl import read_jsonl, written_after
 from trl_ext.quickstart.scripted_server import ScriptedChatServer
 from trl_ext.testing import build_tiny_model_and_tokenizer
-from trl_ext.trainers.ext_grpo import written_after
 from trl_ext.trainers.judge_credit import JudgeCreditConfig, JudgeCreditTrainer
 
 from ..utils import cpu_config_kwargs, digit_reward, toy_dataset

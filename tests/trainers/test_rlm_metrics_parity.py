@@ -1,7 +1,7 @@
 """The synchronous and the asynchronous RLM trainers agree on the same rollouts: the same scripted trees
 (`VariantGenerator`, real REPLs) through `StepwiseRLMTrainer`'s generation step and through the asynchronous
-`RLMRolloutWorker` give the same metrics (the worker's pushed values reduced as TRL's asynchronous trainer reduces a
-log window), and, for the same p_old and policy, the same loss and gradient."""
+`RolloutWorker` (of `StepwiseRLM`) give the same metrics (the worker's pushed values reduced as TRL's asynchronous
+trainer reduces a log window), and, for the same p_old and policy, the same loss and gradient."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from trl.experimental.async_grpo.async_grpo_trainer import _reduce_metric
 
 from trl_ext.testing import VariantGenerator, yes_reward
 from trl_ext.trainers.async_rlm import AsyncStepwiseRLMConfig, AsyncStepwiseRLMTrainer
-from trl_ext.trainers.async_rlm.worker import RLMRolloutWorker
+from trl_ext.trainers.async_worker import RolloutWorker
 
 from .parity import assert_same_gradients, step_both
 from .test_async_rlm import collate
@@ -25,7 +25,7 @@ from .test_stepwise_rlm import generation_inputs, make_trainer, turn_logps
 SYNC_ONLY = {"rlm/padding_rows"}  # rows added to keep the synchronous micro-batches equal
 
 
-def pushed_metrics(worker: RLMRolloutWorker) -> dict[str, list]:
+def pushed_metrics(worker: RolloutWorker) -> dict[str, list]:
     window: dict[str, list] = {}
     while True:
         try:
@@ -45,7 +45,7 @@ def test_sync_and_async_trainers_log_the_same_rlm_metric_names_and_values(tmp_pa
         if key.startswith(("rlm/", "repl/")) and key not in SYNC_ONLY
     }
 
-    worker = RLMRolloutWorker(
+    worker = RolloutWorker(
         dataset=Dataset.from_dict({"prompt": ["root task"], "context": ["abcdefgh"]}),
         reward_funcs=[yes_reward],
         tokenizer=trainer.processing_class,
@@ -54,7 +54,7 @@ def test_sync_and_async_trainers_log_the_same_rlm_metric_names_and_values(tmp_pa
         num_generations=4,
     )
     samples = worker.rollout([generation_inputs(count=1)[0]])
-    assert sorted(json.dumps(tree.to_dict(worker.tokenizer)) for tree in worker.last_trees) == sorted(
+    assert sorted(json.dumps(tree.to_dict(worker.tokenizer)) for tree in worker.method.last_trees) == sorted(
         json.dumps(tree.to_dict(worker.tokenizer)) for tree in trainer.last_rollout_trees
     )  # the same rollouts (the two engines meet the scripted variants in another order)
     assert len(samples) == sync["rlm/rows_per_root"] * 4
@@ -83,13 +83,13 @@ def test_sync_and_async_trainers_give_the_same_loss_and_gradient(tmp_path):
     worker = asynchronous.rollout_worker
     worker.method.scaffold = sync.method.scaffold  # the same scaffold: the same prompt cap, the same trees
     samples = worker.rollout([generation_inputs(count=1)[0]])
-    assert sorted(json.dumps(tree.to_dict()) for tree in worker.last_trees) == sorted(
+    assert sorted(json.dumps(tree.to_dict()) for tree in worker.method.last_trees) == sorted(
         json.dumps(tree.to_dict()) for tree in sync.last_rollout_trees
     )
     with torch.no_grad():  # p_old = the sampling-time policy's log-probs (the scripted sampler's are made up)
         old = [
             turn_logps(sync.model, turn).tolist()
-            for tree in worker.last_trees
+            for tree in worker.method.last_trees
             for turn in tree.turn_samples(train_children=True, child_sampling="all")
         ]
     assert len(old) == len(samples)

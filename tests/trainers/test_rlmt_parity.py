@@ -1,14 +1,15 @@
 """The synchronous and the asynchronous RLMT trainers agree: the same scripted completions (each running past its
-stop string) through `RLMTTrainer` (TRL's ``rollout_func``) and `RLMTRolloutWorker` are cut at the same token, get the
-same rewards and advantages, and log the same stop-cut ratio."""
+stop string) through `RLMTTrainer` (TRL's ``rollout_func``) and the asynchronous `RolloutWorker` of `RLMT` are cut
+at the same token, get the same rewards and advantages, and log the same stop-cut ratio."""
 
 from __future__ import annotations
 
 import pytest
 from datasets import Dataset
 
+from trl_ext.rewards.rlmt.method import RLMT
 from trl_ext.testing import build_tiny_model_and_tokenizer
-from trl_ext.trainers.async_rlmt import RLMTRolloutWorker
+from trl_ext.trainers.async_worker import RolloutWorker
 from trl_ext.trainers.rlmt import RLMTConfig, RLMTTrainer
 
 from ..utils import cpu_config_kwargs, generator_rollout_func
@@ -22,13 +23,13 @@ def response_length(completions, **kwargs):
 def test_sync_and_async_rlmt_cut_score_and_advantage_alike(tmp_path):
     model, tokenizer = build_tiny_model_and_tokenizer(0)
     config = RLMTConfig(**cpu_config_kwargs(str(tmp_path), rlmt_format="zero", max_completion_length=64, beta=0.0))
-    worker = RLMTRolloutWorker(
+    worker = RolloutWorker(
+        method=RLMT(config.stop_strings),
         dataset=config.rlmt_dataset(Dataset.from_dict({"prompt": [QUESTIONS[0]] * 4})),
         reward_funcs=[response_length],
         tokenizer=tokenizer,
         generator=CyclingGenerator(tokenizer, ZERO_COMPLETIONS),
         num_generations=4,
-        stop_strings=config.stop_strings,
     )
     sync = RLMTTrainer(
         model,
@@ -37,7 +38,9 @@ def test_sync_and_async_rlmt_cut_score_and_advantage_alike(tmp_path):
         train_dataset=Dataset.from_dict({"prompt": [QUESTIONS[0]] * 4}),
         processing_class=tokenizer,
         # the worker's prompt rendering and sampler: both trainers cut, score and train the very same tokens
-        rollout_func=generator_rollout_func(CyclingGenerator(tokenizer, ZERO_COMPLETIONS), worker.prompt_ids),
+        rollout_func=generator_rollout_func(
+            CyclingGenerator(tokenizer, ZERO_COMPLETIONS), lambda prompt: worker.method.prompt_ids(prompt, worker)
+        ),
     )
     rows = [dict(row) for row in sync.train_dataset]
     batch = sync._generate_and_score_completions(rows)

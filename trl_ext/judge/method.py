@@ -11,8 +11,9 @@ A runtime hands it rollouts and gets back what it trains on and logs:
 4. `JudgeCredit.finish`: the audit lines (`trl_ext.judge.audit.audit_record`), the outage log (`JudgeOutage`) and
    the metrics (`trl_ext.judge.metrics.verdict_metrics`).
 
-`JudgeCreditTrainer` (on TRL's ``GRPOTrainer``) calls it on each generation batch; the asynchronous
-`JudgeRolloutWorker` on each worker run. `verdict_reward_index` reads ``judge_verdict_reward`` for both, and
+`JudgeCreditTrainer` (on TRL's ``GRPOTrainer``) calls these on each generation batch; on TRL's asynchronous trainer
+the rollout worker calls `JudgeCredit.rollout` on each run, which samples and scores the groups and calls the same
+four. `verdict_reward_index` reads ``judge_verdict_reward`` for both (`JudgeCredit.verdict_reward`), and
 `JudgeCredit.probe` is their start-up check of the endpoint.
 """
 
@@ -20,15 +21,27 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from ..jsonl import rewrite_jsonl, written_after
+from ..rollouts import RolloutMethod, RolloutRuntime, ScoredGroup
+from ..samples import TrainingSample
 from ..text import last_user_text
 from .audit import JudgeAuditLog, audit_record, text_hash
-from .batch import JudgeOutage, PendingJudgement, collect_verdict, judge_fix, optional_text, prompt_text
+from .batch import (
+    JudgeOutage,
+    PendingJudgement,
+    collect_verdict,
+    judge_fix,
+    optional_text,
+    prompt_text,
+    verdict_text,
+)
 from .credit import rollout_credit
 from .event_loop import BackgroundEventLoop
 from .judge import JudgeRequest, JudgeVerdict, SpanJudge, extract_final_answer
@@ -70,7 +83,7 @@ def verdict_reward_index(setting: str, names: Sequence[str], callables: Sequence
     return index
 
 
-class JudgeCredit:
+class JudgeCredit(RolloutMethod):
     """The judge-credit method of one trainer: requests, credit, audit, outage and metrics (module docstring).
 
     Args:
@@ -85,7 +98,16 @@ class JudgeCredit:
         outage_loud_batches: consecutive batches in which every judge call failed before the outage warning becomes an
             error (then repeated at 2x, 4x, ... that many batches): by then the run is plain GRPO.
         loop_name: the name of the event loop's thread.
+
+    Attributes:
+        verdict_reward: the index of the reward function whose value the judge is shown, or None for the weighted
+            total (`verdict_reward_index`; set by the trainer once it knows its reward functions).
+        last_verdicts: the verdicts of the last asynchronous run (for inspection).
     """
+
+    name = "judge"
+    metric_prefix = "judge"
+    stale_advice = ": the policy server or the judge may hang; lower judge_timeout"
 
     def __init__(
         self,
@@ -110,6 +132,8 @@ class JudgeCredit:
         self.outage_loud_batches = outage_loud_batches
         self.outage = JudgeOutage(judge.client, log=logger)
         self._loop_name, self._loop = loop_name, None
+        self.verdict_reward: int | None = None
+        self.last_verdicts: list[JudgeVerdict] = []
 
     @classmethod
     def from_arguments(
@@ -255,6 +279,60 @@ class JudgeCredit:
         self._write_audit(pending, verdicts, step=step, mode=mode, rank=rank, sources=sources)
         self.outage.report(list(verdicts), step, self.outage_loud_batches)
         return verdict_metrics(verdicts, self.judge.label_scores, credit_mass, outcome_mass)
+
+    def discard_records_after(self, step: int, writer: str) -> None:
+        """Drop the audit records of the steps after ``step`` (a resumed run writes them again)."""
+        if self.audit is None:
+            return
+        keep = lambda record: not written_after(record.get("mode"), record.get("step", 0), step)  # noqa: E731
+        dropped = rewrite_jsonl(self.audit.path, keep=keep)
+        if dropped:
+            logger.info("Dropped %d judge audit record(s) of steps after %d from %s.", dropped, step, self.audit.path)
+
+    # ------------------------------------------------------------------------------ one asynchronous run
+    def rollout(self, rows: Sequence[dict[str, Any]], runtime: RolloutRuntime, version: int) -> list[TrainingSample]:
+        """Sample and score a group per row, judge every rollout (the calls of the run concurrent) and return one
+        sample per rollout: its group advantage ``A`` and its capped credit ``cap_λ(c)`` as token credit. A judge
+        fault gives that rollout zero credit (counted, audited); the judge's wait is the worker's, so it overlaps
+        training (``judge/blocking_s`` is 0)."""
+        groups = runtime.sample_groups(rows)
+        rollouts = [(group, index) for group in groups for index in range(len(group.completions))]
+        pending = self.start(
+            [group.row["prompt"] for group, _ in rollouts],
+            [group.completions[index].token_ids for group, index in rollouts],
+            [group.row for group, _ in rollouts],
+            [self._verdict_given(group, index, runtime.reward_func_names) for group, index in rollouts],
+        )
+        started = time.perf_counter()
+        verdicts = self.collect(pending)
+        waited = time.perf_counter() - started
+        runtime.tick()
+        self.last_verdicts = verdicts
+        samples, credit_mass, outcome_mass = [], 0.0, 0.0
+        for (group, index), verdict, judged in zip(rollouts, verdicts, pending.completion_ids, strict=True):
+            credit = self.credit(verdict, len(group.completions[index].token_ids), len(judged)).numpy()
+            credit_mass += float(abs(credit).sum())
+            outcome_mass += abs(group.advantages[index]) * len(credit)
+            samples.append(group.training_sample(index, runtime.reward_func_names, token_credit=credit.tolist()))
+        metrics: dict[str, Any] = self.finish(
+            pending,
+            verdicts,
+            credit_mass=credit_mass,
+            outcome_mass=outcome_mass,
+            step=runtime.step(),
+            sources=lambda row: {"model_version": version, "group_id": rollouts[row][0].group_id},
+        )
+        metrics["judge/latency_p50"] = statistics.median(v.latency_s for v in verdicts) if verdicts else 0.0
+        metrics["judge/wait_s"] = waited
+        metrics["judge/blocking_s"] = 0.0  # the training step never waits for the judge: the worker does
+        runtime.push_metrics(metrics)
+        return samples
+
+    def _verdict_given(self, group: ScoredGroup, index: int, names: Sequence[str]) -> str:
+        """What the judge is told the rollout scored: the verdict reward's value, or the weighted total."""
+        if self.verdict_reward is None:
+            return verdict_text("reward", group.rewards[index])
+        return verdict_text(names[self.verdict_reward], group.per_func[self.verdict_reward][index])
 
     def _write_audit(
         self,

@@ -97,8 +97,12 @@ class SamplingSettings:
         object.__setattr__(self, "generation_kwargs", dict(self.generation_kwargs or {}))
 
     @classmethod
-    def from_trl(cls, source: Any) -> SamplingSettings:
-        """The sampling settings of a TRL ``GRPOConfig`` (``trainer.args``) or ``VLLMGeneration``, which share names."""
+    def from_trl(cls, source: Any, generation_kwargs: dict[str, Any] | None = None) -> SamplingSettings:
+        """The sampling settings of a TRL ``GRPOConfig`` (``trainer.args``), ``VLLMGeneration`` or ``AsyncGRPOConfig``,
+        which share names; ``generation_kwargs``: the extra request fields (default: the source's; an
+        ``AsyncGRPOConfig`` has none, so extra fields such as ``stop`` are the method's)."""
+        if generation_kwargs is None:
+            generation_kwargs = getattr(source, "generation_kwargs", None)
         return cls(
             max_new_tokens=source.max_completion_length,
             temperature=source.temperature,
@@ -106,7 +110,7 @@ class SamplingSettings:
             top_k=source.top_k or 0,
             min_p=source.min_p or 0.0,
             repetition_penalty=source.repetition_penalty,
-            generation_kwargs=dict(source.generation_kwargs or {}),
+            generation_kwargs=dict(generation_kwargs or {}),
         )
 
     @classmethod

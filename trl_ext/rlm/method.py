@@ -12,9 +12,10 @@ A runtime hands it prompts and a sampler and gets back what it trains on and log
    trained node (`RolloutTree.turn_samples`), with W(v), n_v and its share of the root;
 5. `StepwiseRLM.save_trees` and `rollout_metrics`: the tree files (`trl_ext.rlm.tree_files`) and the RLM metrics.
 
-`StepwiseRLMTrainer` (on TRL's ``GRPOTrainer``) calls it on each generation batch, the asynchronous
-`RLMRolloutWorker` on each worker run; `StepwiseRLM.from_arguments` builds it from a `StepwiseArguments` config for
-both, checking the sandbox the same way (the asynchronous trainer also warns when REPLs can reach its served policy,
+`StepwiseRLMTrainer` (on TRL's ``GRPOTrainer``) calls these on each generation batch; on TRL's asynchronous trainer
+the rollout worker calls `StepwiseRLM.rollout` on each run, which calls the same five (the roots' final answers
+scored by the worker's reward functions). `StepwiseRLM.from_arguments` builds it from a `StepwiseArguments` config
+for both, checking the sandbox the same way (the asynchronous trainer also warns when REPLs can reach its served policy,
 `warn_run_exposure`).
 """
 
@@ -30,6 +31,8 @@ from typing import Any
 
 import torch
 
+from ..jsonl import written_after
+from ..rollouts import RolloutMethod, RolloutRuntime, group_metrics, population_std
 from ..samples import TrainingSample
 from ..text import last_user_text
 from .engine import RLMEngine, RLMTask
@@ -39,7 +42,7 @@ from .sandbox import isolation_report, resolve_isolation
 from .scaffold import RLMScaffoldConfig
 from .stats import EngineStats
 from .tree import RolloutTree, TurnSample
-from .tree_files import TREES_FOLDER, save_trees, tree_file
+from .tree_files import TREES_FOLDER, TreeFile, next_run, save_trees, tree_file
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +56,7 @@ def answered_rewards(rewards: torch.Tensor, answered: torch.Tensor) -> torch.Ten
     return rewards
 
 
-class StepwiseRLM:
+class StepwiseRLM(RolloutMethod):
     """The stepwise RLM method of one trainer (module docstring).
 
     Args:
@@ -63,7 +66,16 @@ class StepwiseRLM:
         train_children, child_sampling: which nodes are trained (`trl_ext.advantages.trained_node_weights`).
         trees_dir: the folder the tree files go to (None: not written).
         chat_template_kwargs: for the engine's ``apply_chat_template`` (e.g. ``enable_thinking``).
+        weighted: the "subtree" normalisation (``rlm_loss_normalization="subtree"``): samples carry ``W(v)/n_v``.
+        seed: seeds the asynchronous runs' ``child_sampling="one"`` draws.
+
+    Attributes:
+        last_trees: the trees of the last asynchronous run (for inspection).
     """
+
+    name = "RLM"
+    metric_prefix = "rlm"
+    in_flight = "an engine run is still going"
 
     def __init__(
         self,
@@ -75,12 +87,18 @@ class StepwiseRLM:
         child_sampling: str = "all",
         trees_dir: str | os.PathLike[str] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        weighted: bool = True,
+        seed: int = 0,
     ) -> None:
         self.scaffold, self.tokenizer = scaffold, tokenizer
         self.context_column = context_column
         self.train_children, self.child_sampling = train_children, child_sampling
         self.trees_dir = None if trees_dir is None else Path(trees_dir)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.weighted = weighted
+        self.last_trees: list[RolloutTree] = []
+        self._rng = random.Random(seed)
+        self._runs: int | None = None  # the next asynchronous run's number (past the folder's files, on first use)
 
     @classmethod
     def from_arguments(cls, args: Any, tokenizer: Any) -> tuple[StepwiseRLM, Any]:
@@ -97,6 +115,8 @@ class StepwiseRLM:
             child_sampling=args.child_sampling,
             trees_dir=os.path.join(args.output_dir, TREES_FOLDER) if args.save_rollout_trees else None,
             chat_template_kwargs=getattr(args, "chat_template_kwargs", None),
+            weighted=args.rlm_loss_normalization == "subtree",
+            seed=args.seed,
         )
         return method, isolation_report(scaffold.sandbox)
 
@@ -182,3 +202,66 @@ class StepwiseRLM:
             reason = os.strerror(error.errno) if error.errno else type(error).__name__
             return [f"not saved: {reason}"] * len(trees)
         return [f"{path}#{start + index}" for index in range(len(trees))]
+
+    def discard_records_after(self, step: int, writer: str) -> None:
+        """Delete ``writer``'s tree files of the steps after ``step`` (a resumed run writes them again)."""
+        folder = self.trees_dir
+        removed = 0
+        for path in sorted(folder.glob(f"*-{writer}.jsonl")) if folder is not None and folder.is_dir() else ():
+            parsed = TreeFile.parse(path.name)
+            if parsed is not None and written_after(parsed.mode, parsed.version, step):
+                path.unlink()
+                removed += 1
+        if removed:
+            logger.info(
+                "Removed %d rollout-tree file(s) of steps after %d from %s (redone now).", removed, step, folder
+            )
+
+    # ------------------------------------------------------------------------------ one asynchronous run
+    def rollout(self, rows: Sequence[dict[str, Any]], runtime: RolloutRuntime, version: int) -> list[TrainingSample]:
+        """``num_generations`` trees per row from one engine run (children included, ``rlm_query_batched`` batched),
+        written to ``train-v<version>-run<run>.jsonl`` before they are scored (the run numbers continue past the
+        folder's files, so a resumed run never adds to an earlier run's file); each root's final answer scored as its
+        completion (`answered_rewards`), the group advantage, and one sample per trained turn
+        (`training_samples`)."""
+        if self._runs is None:
+            self._runs = next_run(self.trees_dir)
+        run, self._runs = self._runs, self._runs + 1
+        size = runtime.num_generations
+        roots = [row for row in rows for _ in range(size)]
+        trees, stats = self.rollouts(
+            runtime.policy, self.tasks([row["prompt"] for row in roots], self.contexts(roots))
+        )
+        self.last_trees = trees
+        self.save_trees(trees, "train", version, f"run{run:06d}")
+        samples: list[TrainingSample] = []
+        for index, row in enumerate(rows):
+            samples += self._group_samples(row, trees[index * size : (index + 1) * size], runtime)
+        runtime.push_metrics(rollout_metrics(trees, stats, len(samples)))
+        return samples
+
+    def _group_samples(
+        self, row: dict[str, Any], trees: list[RolloutTree], runtime: RolloutRuntime
+    ) -> list[TrainingSample]:
+        """One group's samples: the roots' final answers (``""`` when none) scored as completions, as the
+        synchronous trainer scores them (with ``rlm_has_answer``)."""
+        answers = [tree.final_answer for tree in trees]
+        texts = [answer or "" for answer in answers]
+        ids = [list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
+        per_func = runtime.call_rewards(row, texts, ids, rlm_has_answer=[answer is not None for answer in answers])
+        answered = torch.tensor([answer is not None for answer in answers])
+        summed = torch.tensor(runtime.summed_rewards(per_func), dtype=torch.float64)
+        rewards = answered_rewards(summed, answered).tolist()
+        advantages = self.group_advantages(rewards, runtime)
+        reward_std = population_std(rewards)
+        group_id = runtime.next_group_id()
+        samples = []
+        for index, (tree, advantage, reward) in enumerate(zip(trees, advantages, rewards, strict=True)):
+            samples += self.training_samples(
+                tree,
+                self.turn_samples(tree, self._rng),
+                advantage=advantage,
+                group_id=group_id,
+                metrics=group_metrics(index, reward, reward_std, runtime.reward_func_names, per_func),
+            )
+        return samples

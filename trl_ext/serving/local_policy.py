@@ -63,7 +63,7 @@ class LocalPolicy:
         model: a causal LM to copy for sampling (it is deep-copied, frozen and put in eval mode), or a path/Hub id
             to load one from (float32).
         tokenizer: the policy's tokenizer (pad and eos ids).
-        settings: how to sample (`SamplingSettings`; a trainer's are ``served_sampling_settings(args)``).
+        settings: how to sample (`SamplingSettings`; a trainer's are ``SamplingSettings.from_trl(args)``).
         batch_size: prompts per ``generate`` call (None: one call for all of a wave's prompts).
 
     Pass the same object as ``generator=`` and ``weight_transfer=`` to a trl-ext asynchronous trainer. It uses no

@@ -89,6 +89,28 @@ class ServedPolicyGenerator:
         self._lock = threading.Lock()
         self._http = requests.Session() if group_requests else None  # one request at a time: a kept connection
 
+    @classmethod
+    def from_config(
+        cls,
+        args: Any,
+        model_name: str,
+        lora_name: str | None,
+        *,
+        group_requests: bool = False,
+        generation_kwargs: dict[str, Any] | None = None,
+    ) -> ServedPolicyGenerator:
+        """The served policy of an asynchronous trainer's config: ``vllm_server_base_url``, the sampling fields
+        (`SamplingSettings.from_trl`, ``generation_kwargs`` added), ``request_timeout`` and ``seed``."""
+        return cls(
+            args.vllm_server_base_url,
+            model_name,
+            lora_name=lora_name,
+            settings=SamplingSettings.from_trl(args, generation_kwargs),
+            timeout_s=args.request_timeout,
+            seed=args.seed,
+            group_requests=group_requests,
+        )
+
     @property
     def request_model(self) -> str:
         """The ``model`` of the next request: ``<lora_name>-v<version>``, or the base model without LoRA sync."""

@@ -1,15 +1,12 @@
-"""What the asynchronous method trainers share (docs/async.md): the threaded rollout worker, the reward call, the
-sample layout and the trainer's set-up of its worker.
+"""The one rollout worker of every asynchronous method trainer (docs/async.md), and the trainers' set-up of it.
 
-- `ThreadedRolloutWorker`: TRL's ``RolloutWorkerProtocol`` in a thread of the trainer process: the sample and metrics
+- `RolloutWorker`: TRL's ``RolloutWorkerProtocol`` in a thread of the trainer process: the sample and metrics
   queues, the loop over the dataset's prompts (``groups_per_run`` at a time, cycling), the policy-version tracking,
-  error counting (``max_consecutive_errors``), the heartbeat, `check_health` and `stop`. A method's worker subclasses
-  it and writes only its step, ``rollout(rows) -> samples``.
-- `reward_table`, `as_completions`, `group_metrics`: TRL's reward-function interface as every worker calls it.
-- `to_rollout_sample`: a `trl_ext.samples.TrainingSample` as TRL's `RolloutSample`, the one conversion of every
-  worker (prompt ids + completion ids, the credit and loss weights in its metrics).
-- `callable_reward_funcs`, `groups_per_run`, `served_sampling_settings`, `install_served_generator`: the trainers'
-  shared set-up (the served policy is chosen once TRL knows how it syncs the weights).
+  error counting (``max_consecutive_errors``), the heartbeat, the staleness gate, the resume position, `check_health`
+  and `stop`; the reward functions called as `GRPOTrainer` calls them and a group sampled and scored
+  (`trl_ext.rollouts.RolloutRuntime`). What a run samples is its method's (`trl_ext.rollouts.RolloutMethod`:
+  `GRPOGroups`, `JudgeCredit`, `RLMT`, `StepwiseRLM`), written once in the method's package.
+- `callable_reward_funcs`, `groups_per_run`, `install_served_generator`: the trainers' shared set-up (the served policy is chosen once TRL knows how it syncs the weights).
 """
 
 from __future__ import annotations
@@ -25,33 +22,32 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from ..advantages import SCALE_REWARDS, scored_advantages
-from ..rlm.generators import SamplingSettings
-from ..samples import TrainingSample
+from ..rlm.generators import Completion, Generator
+from ..rollouts import (
+    GRPOGroups,
+    RolloutMethod,
+    ScoredGroup,
+    as_completions,
+    checked_reward_weights,
+    population_std,
+    reward_func_names,
+    reward_table,
+)
 from ..serving.served_policy import ServedPolicyGenerator
-from .async_seam import RolloutSample, credited_sample_metrics, served_policy_names, weighted_sample_metrics
+from .async_seam import RolloutSample, served_policy_names, to_rollout_sample
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "RolloutWorker",
     "StalenessGate",
-    "ThreadedRolloutWorker",
-    "as_completions",
     "callable_reward_funcs",
-    "checked_reward_weights",
-    "group_metrics",
     "groups_per_run",
     "install_served_generator",
-    "population_std",
-    "reward_func_names",
-    "reward_table",
-    "to_rollout_sample",
-    "served_sampling_settings",
 ]
 
-RUN_MARKS_KEPT = 4096  # completed runs remembered for `ThreadedRolloutWorker.resume_state`
+RUN_MARKS_KEPT = 4096  # completed runs remembered for `RolloutWorker.resume_state`
 GATE_POLL_S = 0.02  # how often a worker waiting for room (`StalenessGate`) looks again
 METRICS_QUEUE_SIZE = 4096  # metric dicts kept for the trainer; past that they are dropped, never blocking rollouts
 # Dataset columns not passed to the reward functions (TRL's rule): the worker passes its own values under these names.
@@ -95,16 +91,33 @@ class StalenessGate:
         return taken_this_version + queued + self.last_run_samples <= (self.max_staleness + 1) * per_version
 
 
-class ThreadedRolloutWorker:
-    """The thread, queues and health of a rollout worker for TRL's asynchronous trainer (``rollout_worker=``).
+class _Heartbeat:
+    """A `Generator` wrapper that ticks the worker's heartbeat around every call (a long call is not a hang)."""
 
-    A subclass sets `worker_name` (in messages: "The <name> rollout worker ..."), `metric_prefix` (its
-    ``<prefix>/worker_errors_total`` counter) and implements ``rollout(rows) -> list[RolloutSample]``, one run over
-    ``groups_per_run`` dataset rows. A failing run is logged with its traceback, counted and retried with the next
-    rows; ``max_consecutive_errors`` failures in a row stop the thread, and `check_health` (called by the trainer
-    while it waits for samples) then raises with the cause.
+    def __init__(self, inner: Generator, tick: Callable[[], None]):
+        self.inner, self.tick = inner, tick
+
+    def generate(self, prompts: Sequence[Sequence[int]]) -> list[Completion]:
+        self.tick()
+        try:
+            return self.inner.generate(prompts)
+        finally:
+            self.tick()
+
+
+class RolloutWorker:
+    """A method's rollouts for TRL's asynchronous trainer (``rollout_worker=``), in a thread of the trainer process.
+
+    Each run takes ``groups_per_run`` dataset rows and asks the method for their samples
+    (``method.rollout(rows, self, version)``, `trl_ext.rollouts.RolloutMethod`), tagged with the policy version live
+    when the run started. A failing run (the sampler, a reward function, the method) is logged with its traceback,
+    counted in ``<method.metric_prefix>/worker_errors_total`` and retried with the next rows;
+    ``max_consecutive_errors`` failures in a row stop the thread, and `check_health` (called by the trainer while it
+    waits for samples) then raises with the cause.
 
     Args:
+        method: what a run samples (`trl_ext.rollouts.RolloutMethod`; default `GRPOGroups`, plain GRPO groups); its
+            ``close`` is called once the thread has ended.
         dataset: rows with a ``prompt`` (a string, or chat messages); every other column is passed to the reward
             functions as TRL does.
         reward_funcs: TRL reward functions (``prompts``, ``completions``, ``completion_ids`` and the dataset columns
@@ -120,6 +133,7 @@ class ThreadedRolloutWorker:
         queue_maxsize: bound of ``rollout_buffer`` (0: unbounded).
         max_consecutive_errors: failed runs in a row that stop the worker.
         chat_template_kwargs: for ``apply_chat_template``.
+        step: the trainer's global step (`RolloutRuntime.step`).
 
     Attributes:
         rollout_buffer, metrics_queue: what TRL's trainer drains (``RolloutWorkerProtocol``).
@@ -127,14 +141,10 @@ class ThreadedRolloutWorker:
         errors: failed runs so far; groups: groups scored so far.
     """
 
-    worker_name = "rollout"  # "The <worker_name> rollout worker ..."
-    metric_prefix = "rollout"  # "<metric_prefix>/worker_errors_total"
-    in_flight = "a run is still going"  # what `stop` may still be waiting for
-    stale_advice = ""  # appended to the no-progress error (": <what to check>")
-
     def __init__(
         self,
         *,
+        method: RolloutMethod | None = None,
         dataset: Any,
         reward_funcs: Sequence[Callable[..., Any]],
         tokenizer: Any,
@@ -146,7 +156,10 @@ class ThreadedRolloutWorker:
         queue_maxsize: int = 0,
         max_consecutive_errors: int = 3,
         chat_template_kwargs: dict[str, Any] | None = None,
+        step: Callable[[], int] = lambda: 0,
     ) -> None:
+        self.method = GRPOGroups() if method is None else method
+        self.worker_name = self.method.name  # "The <worker_name> rollout worker ..."
         if len(dataset) == 0:
             raise ValueError(f"The {self.worker_name} rollout worker needs a non-empty dataset of prompts.")
         if not reward_funcs or not all(callable(func) for func in reward_funcs):
@@ -169,6 +182,7 @@ class ThreadedRolloutWorker:
         self.num_generations = num_generations
         self.groups_per_run = groups_per_run
         self.max_consecutive_errors = max_consecutive_errors
+        self.step = step
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue = queue.Queue(maxsize=METRICS_QUEUE_SIZE)
         self.model_version = 0
@@ -186,13 +200,14 @@ class ThreadedRolloutWorker:
         self._heartbeat = time.time()
         self._event_loop: asyncio.AbstractEventLoop | None = None  # for async reward functions, one per worker
 
-    # ------------------------------------------------------------------------------ what a method writes
-    def rollout(self, rows: Sequence[dict[str, Any]]) -> list[Any]:
-        """One run: the samples of ``num_generations`` rollouts of each of ``rows``."""
-        raise NotImplementedError(f"{type(self).__name__} must implement rollout(rows).")
-
-    def _before_start(self) -> None:
-        """Checked by `start` before the thread starts (raise to refuse)."""
+    # ------------------------------------------------------------------------------ one run
+    def rollout(self, rows: Sequence[dict[str, Any]]) -> list[RolloutSample]:
+        """One run: the method's samples of ``num_generations`` rollouts of each of ``rows``, as TRL's samples, tagged
+        with the policy version live when the run started (a tree spans versions: tagged with its oldest, TRL's
+        ``max_staleness`` bounds every one of its turns)."""
+        version = self.model_version
+        samples = self.method.rollout(rows, self, version)
+        return [to_rollout_sample(sample, version, weighted=self.method.weighted) for sample in samples]
 
     def _on_thread_exit(self) -> None:
         """Run in the thread as it ends (close what the runs opened there: the async reward functions' loop)."""
@@ -200,15 +215,11 @@ class ThreadedRolloutWorker:
             self._event_loop.close()
             self._event_loop = None
 
-    def _on_stopped(self) -> None:
-        """Run by `stop` once the thread has ended."""
-
     # ------------------------------------------------------------------------------ RolloutWorkerProtocol
     def start(self) -> None:
         """Start the rollout thread (once; TRL calls it when training begins)."""
         if self._thread is not None:
             return
-        self._before_start()
         self._heartbeat = time.time()
         name = f"{self.worker_name.lower()}-rollout-worker"
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -224,10 +235,10 @@ class ThreadedRolloutWorker:
                     "The %s rollout worker did not stop within %d s (%s).",
                     self.worker_name,
                     STOP_WAIT_S,
-                    self.in_flight,
+                    self.method.in_flight,
                 )
                 return
-        self._on_stopped()
+        self.method.close()
 
     def update_model_version(self, model_version: int) -> None:
         """Record the version the trainer published and forward it to the generator (when it tracks versions)."""
@@ -254,7 +265,7 @@ class ThreadedRolloutWorker:
         if age > stale_after_s:
             raise RuntimeError(
                 f"The {name} rollout worker made no progress for {age:.0f} s (> heartbeat_stale_after_s="
-                f"{stale_after_s:.0f}){self.stale_advice}."
+                f"{stale_after_s:.0f}){self.method.stale_advice}."
             )
 
     # ------------------------------------------------------------------------------ the rollout loop
@@ -279,7 +290,7 @@ class ThreadedRolloutWorker:
             except Exception as error:
                 failures += 1
                 self.errors += 1
-                self._push_metrics({f"{self.metric_prefix}/worker_errors_total": 1.0})
+                self.push_metrics({f"{self.method.metric_prefix}/worker_errors_total": 1.0})
                 logger.exception("%s rollout run failed (%d in a row): %s", self._title, failures, error)
                 if failures >= self.max_consecutive_errors:
                     raise RuntimeError(
@@ -291,7 +302,7 @@ class ThreadedRolloutWorker:
             self._run_marks.append((self.groups, self.rows_taken))
             self.staleness.last_run_samples = len(samples)
             if self.staleness.max_staleness is not None:
-                self._push_metrics({f"{self.metric_prefix}/staleness_wait_s": waited})
+                self.push_metrics({f"{self.method.metric_prefix}/staleness_wait_s": waited})
             for sample in samples:
                 if not self._put(sample):
                     return
@@ -362,11 +373,11 @@ class ThreadedRolloutWorker:
         self.groups = groups
         self._rows = self._cycle(rows)
 
-    def _tick(self) -> None:
+    def tick(self) -> None:
         """The heartbeat: the thread is making progress (a long generator or judge call is not a hang)."""
         self._heartbeat = time.time()
 
-    def _push_metrics(self, metrics: dict[str, Any]) -> None:
+    def push_metrics(self, metrics: dict[str, Any]) -> None:
         """Queue ``metrics`` for the trainer's log. TRL reduces a ``(numerator, denominator)`` rate over the log
         window as Σ numerators / Σ denominators, so a rate with nothing counted (denominator 0) is left out."""
         metrics = {name: value for name, value in metrics.items() if not (isinstance(value, tuple) and not value[1])}
@@ -375,7 +386,52 @@ class ThreadedRolloutWorker:
         except queue.Full:
             pass  # never block rollouts on a trainer that stopped logging
 
-    # ------------------------------------------------------------------------------ one group's scores
+    # ------------------------------------------------------------------------------ what a method uses (RolloutRuntime)
+    @property
+    def policy(self) -> Generator:
+        """The policy's sampler, ticking the heartbeat around every call (a long run is not a hang)."""
+        if self.generator is None:
+            raise RuntimeError(
+                f"The {self.worker_name} rollout worker has no generator: pass generator= (or let the trainer set it)."
+            )
+        return _Heartbeat(self.generator, self.tick)
+
+    def next_group_id(self) -> int:
+        """A new group id (`groups` counts them; a resumed run continues the count)."""
+        group_id, self.groups = self.groups, self.groups + 1
+        return group_id
+
+    def sample_groups(self, rows: Sequence[dict[str, Any]]) -> list[ScoredGroup]:
+        """One sampler call for ``num_generations`` completions of each row (the method's ``prompt_ids`` and
+        ``finish_completions``), then each group scored: rewards (`summed_rewards`; where every function returned
+        None, the method's ``unscored_reward``), the method's ``group_advantages``, a group id."""
+        prompt_ids = [self.method.prompt_ids(row["prompt"], self) for row in rows]
+        size = len(rows) * self.num_generations
+        completions = self.policy.generate([ids for ids in prompt_ids for _ in range(self.num_generations)])
+        if len(completions) != size:
+            raise RuntimeError(f"The generator returned {len(completions)} completions for {size} prompts.")
+        completions = self.method.finish_completions(completions, self)
+        groups = []
+        for index, (row, ids) in enumerate(zip(rows, prompt_ids, strict=True)):
+            group = completions[index * self.num_generations : (index + 1) * self.num_generations]
+            texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in group]
+            per_func = self.call_rewards(row, texts, [list(c.token_ids) for c in group])
+            rewards = self.summed_rewards(per_func, unscored=self.method.unscored_reward)
+            groups.append(
+                ScoredGroup(
+                    row=row,
+                    prompt_ids=ids,
+                    completions=list(group),
+                    texts=texts,
+                    per_func=per_func,
+                    rewards=rewards,
+                    advantages=self.method.group_advantages(rewards, self),
+                    reward_std=population_std(rewards),
+                    group_id=self.next_group_id(),
+                )
+            )
+        return groups
+
     def call_rewards(
         self, row: dict[str, Any], texts: list[str], ids: list[list[int]], **extra: list[Any]
     ) -> list[list[float]]:
@@ -406,7 +462,7 @@ class ThreadedRolloutWorker:
 
     def _reward_metric(self, name: str, value: float) -> None:
         """A reward function's metric (TRL's ``log_metric``): logged as the mean over the logging window."""
-        self._push_metrics({name: float(value)})
+        self.push_metrics({name: float(value)})
 
     def summed_rewards(self, per_func: Sequence[Sequence[float]], unscored: float = 0.0) -> list[float]:
         """``(G,)`` rewards from the ``(functions, G)`` table: each completion's values weighted by ``reward_weights``
@@ -427,116 +483,6 @@ class ThreadedRolloutWorker:
         return scored_advantages(rewards, self.scale_rewards)
 
 
-# ---------------------------------------------------------------------------------- rewards (TRL's interface)
-def checked_reward_weights(reward_weights: Sequence[float] | None, names: Sequence[str]) -> list[float]:
-    """``reward_weights`` as floats, one per reward function (None: all 1)."""
-    if reward_weights is None:
-        return [1.0] * len(names)
-    if len(reward_weights) != len(names):
-        raise ValueError(
-            f"reward_weights={list(reward_weights)} has {len(reward_weights)} weight(s) for {len(names)} reward "
-            f"function(s) {list(names)}: give one weight per reward function, in their order, or None (every "
-            "weight 1)."
-        )
-    return [float(weight) for weight in reward_weights]
-
-
-def population_std(rewards: Sequence[float]) -> float:
-    """The population std of the rewards that are not NaN (the ``reward_std`` metric); NaN when none is."""
-    values = [value for value in rewards if not math.isnan(value)]
-    if not values:
-        return math.nan
-    mean = sum(values) / len(values)
-    return (sum((value - mean) ** 2 for value in values) / len(values)) ** 0.5
-
-
-def as_completions(prompt: Any, texts: Sequence[str]) -> list[Any]:
-    """The ``completions`` TRL passes to reward functions: conversational (one assistant message each) for a
-    conversational prompt, the texts for a text prompt."""
-    if isinstance(prompt, str):
-        return list(texts)
-    return [[{"role": "assistant", "content": text}] for text in texts]
-
-
-def reward_table(
-    reward_funcs: Sequence[Callable[..., Any]],
-    names: Sequence[str],
-    kwargs: Mapping[str, Any],
-    size: int,
-    resolve: Callable[[Any], Any] | None = None,
-) -> list[list[float]]:
-    """Every reward function called once with TRL's keyword lists.
-
-    Args:
-        reward_funcs, names: the functions and their names (for the error).
-        kwargs: ``prompts``, ``completions``, ``completion_ids``, the dataset columns, ... as lists of ``size``.
-        size: ``G``, the completions scored.
-        resolve: turns a function's return value into its rewards (e.g. awaits an awaitable); None: as returned.
-
-    Returns:
-        ``(functions, G)`` floats, NaN where a function returned None.
-    """
-    table = []
-    for func, name in zip(reward_funcs, names, strict=True):
-        values = func(**kwargs)
-        values = list(values if resolve is None else resolve(values))
-        if len(values) != size:
-            raise ValueError(f"reward function {name} returned {len(values)} rewards for {size} completions.")
-        table.append([math.nan if value is None else float(value) for value in values])
-    return table
-
-
-def group_metrics(
-    index: int, reward: float, reward_std: float, names: Sequence[str], per_func: Sequence[Sequence[float]]
-) -> dict[str, float]:
-    """The metrics every sample of rollout ``index`` carries: ``reward``, ``reward_std`` (the group's),
-    ``frac_reward_zero_std`` (1 when the group's rewards are all equal: averaged over the samples, the share of the
-    samples that carry no outcome advantage, `GRPOTrainer`'s metric of the same name, which the monitors'
-    ``reward_no_signal`` reads) and ``rewards/<function>`` from the ``(functions, G)`` table ``per_func``."""
-    return {
-        "reward": reward,
-        "reward_std": reward_std,
-        "frac_reward_zero_std": float(abs(reward_std) <= 1e-8),  # as GRPOTrainer: torch.isclose(std, 0)
-        **{f"rewards/{name}": values[index] for name, values in zip(names, per_func)},
-    }
-
-
-# ---------------------------------------------------------------------------------- samples
-def to_rollout_sample(sample: TrainingSample, model_version: int, *, weighted: bool = False) -> RolloutSample:
-    """A `TrainingSample` as TRL's `RolloutSample`, the one conversion of every asynchronous worker: ``input_ids`` =
-    the ``P`` prompt ids + the ``C`` completion ids, ``(P + C,)``; the completion mask 1 over the completion only;
-    p_old = the sampler's ``(C,)`` log-probs there (0 over the prompt). Its metrics carry the token credit (0 over the
-    prompt; `credited_sample_metrics`) when it has one, and with ``weighted`` its "subtree" loss weight and root
-    share (`weighted_sample_metrics`), which trl-ext's collators take out."""
-    num_prompt, num_completion = len(sample.prompt_ids), len(sample.completion_ids)
-    metrics = dict(sample.metrics)
-    if sample.token_credit is not None:
-        metrics = credited_sample_metrics(metrics, np.concatenate([np.zeros(num_prompt), sample.token_credit]))
-    if weighted:
-        if sample.token_weight is None or sample.root_share is None:
-            raise ValueError(
-                "A weighted sample needs its node's weight, token count and root share (node_weight, ...)."
-            )
-        metrics = weighted_sample_metrics(metrics, token_weight=sample.token_weight, root_share=sample.root_share)
-    return RolloutSample(
-        prompt=sample.prompt,
-        completion=sample.completion,
-        input_ids=np.asarray([*sample.prompt_ids, *sample.completion_ids], dtype=np.int64),
-        completion_mask=np.asarray([0] * num_prompt + [1] * num_completion, dtype=np.int64),
-        old_log_probs=np.asarray([0.0] * num_prompt + list(sample.logprobs), dtype=np.float32),
-        advantage=float(sample.advantage),
-        model_version=int(model_version),
-        group_id=int(sample.group_id),
-        metrics=metrics,
-    )
-
-
-def reward_func_names(funcs: Sequence[Any]) -> list[str]:
-    """Each reward function's name, as the workers log it (``rewards/<name>``) and a config names it: its
-    ``__name__``, else its class's."""
-    return [getattr(func, "__name__", type(func).__name__) for func in funcs]
-
-
 # ---------------------------------------------------------------------------------- the trainers' set-up
 def callable_reward_funcs(trainer_name: str, reward_funcs: Any, rollout_worker: Any) -> list[Any]:
     """``reward_funcs`` as a list; with the trainer's own worker (``rollout_worker=None``) they must be callables."""
@@ -554,20 +500,6 @@ def groups_per_run(args: Any) -> int:
     return max(1, args.max_inflight_tasks // args.num_generations)
 
 
-def served_sampling_settings(args: Any, generation_kwargs: dict[str, Any] | None = None) -> SamplingSettings:
-    """The `SamplingSettings` of TRL's async sampling fields (``AsyncGRPOConfig`` has no ``generation_kwargs``:
-    extra request fields such as ``stop`` are the method's)."""
-    return SamplingSettings(
-        max_new_tokens=args.max_completion_length,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k or 0,
-        min_p=args.min_p or 0.0,
-        repetition_penalty=args.repetition_penalty,
-        generation_kwargs=dict(generation_kwargs or {}),
-    )
-
-
 def install_served_generator(
     trainer: Any, generator: Any, *, group_requests: bool = False, generation_kwargs: dict[str, Any] | None = None
 ) -> None:
@@ -577,14 +509,7 @@ def install_served_generator(
     if not trainer._own_worker or generator is not None or trainer.rollout_worker is None:
         return
 
-    args = trainer.args
     base_model, lora_name = served_policy_names(trainer)
-    trainer.rollout_worker.generator = ServedPolicyGenerator(
-        args.vllm_server_base_url,
-        base_model,
-        lora_name=lora_name,
-        settings=served_sampling_settings(args, generation_kwargs),
-        timeout_s=args.request_timeout,
-        seed=args.seed,
-        group_requests=group_requests,
+    trainer.rollout_worker.generator = ServedPolicyGenerator.from_config(
+        trainer.args, base_model, lora_name, group_requests=group_requests, generation_kwargs=generation_kwargs
     )

@@ -7,7 +7,7 @@ trl-ext computes it op for op as TRL does (`trl_ext.losses.ppo_clip_loss`: the s
 tested), so that it can also log the clip rate by version lag. For a loss trl-ext computes (``"ipo"``, or one
 registered with a ``compute`` function), this trainer runs TRL's forward as TRL does (`AsyncSeam.tree_forward`) and
 hands the flat loss tokens, as ``(1, M)`` tensors, to the loss's pure function with TRL's normaliser. Given a
-``generator=`` (`LocalPolicy`, no server) it samples plain GRPO groups with trl-ext's `GroupRolloutWorker`. The loss
+``generator=`` (`LocalPolicy`, no server) it samples plain GRPO groups with trl-ext's `RolloutWorker`. The loss
 never trains a token more than ``max_staleness`` versions old (`AsyncSeam.drop_stale_tokens`, `OnDemandLoader`).
 The TRL internals this needs are reached in one place, `trl_ext.trainers.async_seam`, which also makes the trainer
 run on the CPU.
@@ -27,19 +27,18 @@ from transformers import AutoTokenizer
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
-from ..advantages import async_group_advantages
 from ..callback_order import put_before_loggers_where_asked
 from ..fields import unknown_keywords_message
-from ..losses import LossSpec, get_loss, ppo_clip_loss
+from ..losses import LossSpec, get_loss, policy_stat_sums, ppo_clip_loss, version_lags
 from ..methods import METHODS
+from ..rollouts import GRPOGroups
 from ..serving.local_policy import LocalPolicy, pair_local_policy
 from ..serving.server_probe import FAIL_FAST_PREFIXES, probe_server
 from ..serving.server_watch import ServerWatch
 from ..serving.weight_sync import choose_weight_transfer
 from .async_seam import LOSS_WEIGHTS_KEY, AsyncSeam, TreeForward, fold_loss_weights, loss_weight_collator
-from .async_worker import ThreadedRolloutWorker, callable_reward_funcs, groups_per_run, install_served_generator
+from .async_worker import RolloutWorker, callable_reward_funcs, groups_per_run, install_served_generator
 from .ext_async_grpo_config import ExtAsyncGRPOConfig
-from .group_worker import GroupRolloutWorker
 from .learning_signal import LearningSignalWatch
 
 logger = logging.getLogger(__name__)
@@ -49,42 +48,7 @@ logger = logging.getLogger(__name__)
 TRAINER_KEYWORDS = frozenset(inspect.signature(AsyncGRPOTrainer.__init__).parameters) - {"self"} | {"generator"}
 PROBE_TIMEOUT_S = 5.0  # one /health probe at construction (`ExtAsyncGRPOTrainer._fail_fast_without_server`)
 
-__all__ = ["ExtAsyncGRPOTrainer", "policy_stat_sums", "version_lags", "watch_server"]
-
-
-def policy_stat_sums(logps: Tensor, old_logps: Tensor, entropy: Tensor) -> dict[str, Tensor]:
-    """The sums behind TRL's async ``ratio``, ``kl`` and ``entropy`` metrics, over ``M`` loss tokens.
-
-    Args:
-        logps, old_logps, entropy: ``(M,)`` current log-probs, the sampler's log-probs, the policy's entropy.
-
-    Returns:
-        0-dim sums: ``ratio`` (ρ = p / p_old), ``kl`` (the k3 estimate ``(ρ − 1) − log ρ``), ``entropy``, and
-        ``count`` (M); divide each by the count summed over ranks.
-    """
-    with torch.no_grad():
-        log_ratio = logps.detach() - old_logps
-        ratio = log_ratio.exp()
-        return {
-            "ratio": ratio.sum(),
-            "kl": ((ratio - 1) - log_ratio).sum(),
-            "entropy": entropy.detach().sum(),
-            "count": torch.tensor(float(logps.numel()), device=logps.device),
-        }
-
-
-def version_lags(sample_versions: Tensor, model_version: int, max_lag: int) -> Tensor:
-    """Each token's version lag: ``model_version - sample_versions``, clamped to ``[0, max_lag]``.
-
-    Args:
-        sample_versions: ``(M,)`` the policy version that sampled each token (float, as collated).
-        model_version: the version of the policy being trained.
-        max_lag: the largest lag reported (older tokens count as ``max_lag``).
-
-    Returns:
-        ``(M,)`` int64 lags.
-    """
-    return (model_version - sample_versions.round().long()).clamp(0, max_lag)
+__all__ = ["ExtAsyncGRPOTrainer", "watch_server"]
 
 
 def watch_server(trainer: Any) -> ServerWatch | None:
@@ -214,6 +178,7 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
                 reward_weights=getattr(args, "reward_weights", None),
                 queue_maxsize=args.queue_maxsize,
                 chat_template_kwargs=args.chat_template_kwargs,
+                step=lambda: self.state.global_step,
             )
             kwargs["rollout_worker"] = self.build_rollout_worker(args, worker_args)
         super().__init__(model, reward_funcs, args, train_dataset, processing_class, **kwargs)
@@ -252,11 +217,11 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
 
     def build_rollout_worker(self, args: Any, worker_args: dict[str, Any]) -> Any:
         """The own rollout worker (TRL's ``RolloutWorkerProtocol``), or None where this process runs no rollouts (TRL
-        runs them on the main process only). ``worker_args``: what every `ThreadedRolloutWorker` takes, from the
-        trainer's arguments and ``args``. Here: plain GRPO groups (`GroupRolloutWorker`, TRL's worker's advantages)."""
+        runs them on the main process only). ``worker_args``: what every `RolloutWorker` takes but its method, from the
+        trainer's arguments and ``args``. Here: plain GRPO groups (`GRPOGroups`, TRL's worker's advantages)."""
         if not PartialState().is_main_process:
             return None
-        return GroupRolloutWorker(advantage_fn=async_group_advantages, **worker_args)
+        return RolloutWorker(method=GRPOGroups(), **worker_args)
 
     def method_inputs(
         self, args: Any, train_dataset: Any, reward_funcs: Any, rollout_worker: Any, trainer_kwargs: dict[str, Any]
@@ -322,7 +287,7 @@ class ExtAsyncGRPOTrainer(AsyncSeam):
         """A trl-ext rollout worker starts a run only while its samples cannot go stale (`StalenessGate`): with the
         samples a version takes when batches hold a fixed count (``token_budget=0``), else measured by the worker."""
         worker = self.rollout_worker
-        if not isinstance(worker, ThreadedRolloutWorker):
+        if not isinstance(worker, RolloutWorker):
             return  # TRL's own worker bounds its runs with max_inflight_tasks
         args = self.args
         worker.staleness.max_staleness = args.max_staleness

@@ -23,9 +23,9 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 from ..advantages import SCALE_REWARDS
 from ..fields import document_fields, documented, mirror_field
 from ..losses import LOSSES
+from ..losses.arguments import LossArguments
 from ..serving.weight_sync import WEIGHT_SYNC_CHOICES
 from .ext_grpo_config import PrecisionArguments
-from .loss_arguments import LossArguments
 
 __all__ = [
     "AsyncMethodConfig",
@@ -56,7 +56,7 @@ class ExtAsyncGRPOConfig(PrecisionArguments, LossArguments, AsyncGRPOConfig):
     r"""
     Configuration for [`ExtAsyncGRPOTrainer`]: every field of TRL's experimental
     `trl.experimental.async_grpo.AsyncGRPOConfig`, plus the loss registry's settings
-    (`trl_ext.trainers.loss_arguments.LossArguments`: ``loss_type``, ``ipo_threshold``, ``ipo_ratio_cap``,
+    (`trl_ext.losses.arguments.LossArguments`: ``loss_type``, ``ipo_threshold``, ``ipo_ratio_cap``,
     ``ipo_ratio_band``, ``ipo_kl_tau``, ``loss_kwargs``, as in `ExtGRPOConfig`). ``loss_type`` is ``"dapo"`` (TRL's async loss) or a
     loss trl-ext computes (``"ipo"``, ...).
 

@@ -29,7 +29,7 @@ from trl.trainer.utils import nanmax, nanmin, split_pixel_values_by_grid, unspli
 
 from ..callback_order import put_before_loggers_where_asked
 from ..checkpoints import checkpoint_step, required_checkpoint_files, resolve_resume_checkpoint
-from ..losses import LossSpec, get_loss, sampling_mismatch
+from ..losses import LossSpec, folded_advantages, get_loss, sampling_mismatch
 from ..methods import METHODS
 from ..packing import (
     Packing,
@@ -81,6 +81,8 @@ class ExtGRPOTrainer(TRLSeam):
     model_card = METHODS["grpo"]
     # The metrics that count the padding rows of a generation batch (all ranks).
     padding_metrics: tuple[str, ...] = ("batch/padding_rows",)
+    # The method a subclass drives (`trl_ext.rollouts.RolloutMethod`: its records); none for plain GRPO.
+    method: Any = None
 
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *pargs, **kwargs):
         if args is None:
@@ -125,11 +127,11 @@ class ExtGRPOTrainer(TRLSeam):
         return super().train(checkpoint, *args, **kwargs)
 
     def discard_records_after(self, step: int) -> None:
-        """Drop what this rank recorded for the steps after ``step``, the step `train` starts from (0 for a new run).
-
-        A subclass that writes per-step records overrides this; `written_after` tells which records go. The
-        default writes none.
-        """
+        """Drop what this rank recorded for the steps after ``step``, the step `train` starts from (0 for a new run):
+        the method's records (`trl_ext.rollouts.RolloutMethod.discard_records_after`: the judge's audit lines, the
+        rollout-tree files), which the resumed run writes again."""
+        if self.method is not None:
+            self.method.discard_records_after(step, f"rank{self.accelerator.process_index}")
 
     @property
     def loss_spec(self) -> LossSpec:
@@ -482,16 +484,6 @@ class ExtGRPOTrainer(TRLSeam):
         return (totals[0] / totals[1].clamp(min=1.0)).item()
 
 
-def written_after(mode: str, record_step: int, start_step: int) -> bool:
-    """Whether a record written at global step ``record_step`` in ``mode`` comes after a checkpoint at ``start_step``.
-
-    A training batch for step g+1 is generated (and its records written) while the global step is still g, so the
-    training records of steps >= ``start_step`` are redone after resuming; evaluation at step S runs before
-    checkpoint-S is saved, so only evaluation records of steps > ``start_step`` are.
-    """
-    return record_step >= start_step if mode == "train" else record_step > start_step
-
-
 def _without_ddp(model):
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
@@ -502,11 +494,7 @@ def _attention_implementation(model) -> str | None:
 
 
 def _fold_loss_weights(inputs: dict[str, Any]) -> dict[str, Any]:
-    """Multiply the advantages by ``loss_weights`` (B, T): each loss type is linear in A for weights ≥ 0."""
+    """``inputs`` with the advantages times ``loss_weights`` (B, T) (`folded_advantages`: TRL's loss types are linear
+    in A); ``inputs`` itself without weights."""
     weights = inputs.get("loss_weights")
-    if weights is None:
-        return inputs
-    advantages = inputs["advantages"]
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1)
-    return {**inputs, "advantages": advantages * weights}
+    return inputs if weights is None else {**inputs, "advantages": folded_advantages(inputs["advantages"], weights)}

@@ -13,7 +13,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from ..fields import document_fields, documented
-from .loss_arguments import LossArguments
+from ..losses.arguments import LossArguments
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class PrecisionArguments:
 class ExtGRPOConfig(PrecisionArguments, LossArguments, GRPOConfig):
     r"""
     Configuration for [`ExtGRPOTrainer`]: every field of `trl.GRPOConfig`, plus the loss registry's settings
-    (`trl_ext.trainers.loss_arguments.LossArguments`: ``loss_type``, ``ipo_threshold``, ``ipo_ratio_cap``,
+    (`trl_ext.losses.arguments.LossArguments`: ``loss_type``, ``ipo_threshold``, ``ipo_ratio_cap``,
     ``ipo_ratio_band``, ``ipo_kl_tau``, ``loss_kwargs``), shared-prefix packing, the prompt cap and the colocated vLLM engine's dtype.
     """
 

@@ -34,14 +34,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..jsonl import rewrite_jsonl
 from ..judge.batch import PendingJudgement, verdict_text
 from ..judge.credit import per_token_advantages
 from ..judge.judge import JudgeVerdict
 from ..judge.method import JudgeCredit, verdict_reward_index
 from ..methods import METHODS
 from ..samples import loss_mask
-from .ext_grpo import ExtGRPOTrainer, written_after
+from .ext_grpo import ExtGRPOTrainer
 from .judge_credit_config import JudgeCreditConfig
 from .requirements import changed_settings, check_trainer_inputs
 from .trl_seam import BatchScope, GeneratedBatch
@@ -80,16 +79,8 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
     Use like `trl.GRPOTrainer` with a [`JudgeCreditConfig`]. Extra keyword argument ``judge``: a ready
     `trl_ext.judge.SpanJudge` to use instead of the one built from the config (e.g. with a custom Python sandbox).
 
-    Metrics: ``judge/share`` (mean |c| / (mean |A| + mean |c|) over completion tokens), ``judge/spans_per_rollout``,
-    ``judge/invalid_span_ratio`` (dropped / returned spans), ``judge/failure_ratio`` (rollouts with no usable
-    verdict), ``judge/refused_ratio`` (among them, judge replies with no readable verdict),
-    ``judge/injection_suspected`` (rollouts of the batch whose trace forged a verdict or a delimiter, or whose judge
-    reply held several verdicts; docs/security.md), ``judge/text_verdicts`` (verdicts read out of free text),
-    ``judge/latency_p50`` (seconds
-    per rollout conversation), ``judge/label/<name>`` (valid spans per
-    batch with that label), ``judge/wait_s`` (time the step waited for the judge after scoring) and
-    ``judge/blocking_s`` (all main-thread time the step spent on the judge: marking, submitting, waiting, credit,
-    audit log).
+    Metrics: docs/judge_credit.md ("Metrics"; `trl_ext.judge.metrics.verdict_metrics`, the asynchronous trainer's
+    too), and ``judge/latency_p50``, ``judge/wait_s`` and ``judge/blocking_s`` (main-thread time spent on the judge).
     """
 
     batch_scope_class = JudgeBatchScope
@@ -122,7 +113,7 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
         self.judge = self.method.judge
         if sandbox_info is not None:
             self.sandbox_info = sandbox_info  # written to the run info
-        self._verdict_index = verdict_reward_index(
+        self.method.verdict_reward = verdict_reward_index(
             args.judge_verdict_reward,
             self.reward_func_names,
             [not isinstance(func, nn.Module) for func in self.reward_funcs],
@@ -133,20 +124,6 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
     def judge_audit_path(self) -> str | None:
         """Where this rank's verdicts are appended (None when the audit log is off)."""
         return None if self.method.audit is None else self.method.audit.path
-
-    def discard_records_after(self, step: int) -> None:
-        """Drop this rank's audit records of the steps after ``step`` (they are about to be written again)."""
-        super().discard_records_after(step)
-        if self.judge_audit_path is None:
-            return
-        dropped = rewrite_jsonl(
-            self.judge_audit_path,
-            keep=lambda record: not written_after(record.get("mode"), record.get("step", 0), step),
-        )
-        if dropped:
-            logger.info(
-                "Dropped %d judge audit record(s) of steps after %d from %s.", dropped, step, self.judge_audit_path
-            )
 
     def _judging(self) -> bool:
         return self.model.training or self.args.judge_on_eval
@@ -162,12 +139,12 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
     def on_generated(self, prompts: list, generated: GeneratedBatch, scope: JudgeBatchScope) -> None:
         """Run the verifier and start the judge on the raw rollouts, before TRL decodes and scores them."""
         super().on_generated(prompts, generated, scope)
-        if self._judging() and self._verdict_index is not None:
+        if self._judging() and self.method.verdict_reward is not None:
             values = self._run_verifier(
                 scope.inputs, prompts, generated.completions, generated.completion_ids, generated.extra_fields
             )
             scope.verifier_values = values
-            name = self.reward_func_names[self._verdict_index]
+            name = self.reward_func_names[self.method.verdict_reward]
             scope.pending = self.method.start(
                 prompts, generated.completion_ids, scope.inputs, [verdict_text(name, v) for v in values]
             )
@@ -189,7 +166,7 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
         kwargs.update(trainer_state=self.state, **self.reward_logging_kwargs())
         if self.environments is not None:
             kwargs["environments"] = self.environments
-        func = self.reward_funcs[self._verdict_index]
+        func, name = self.reward_funcs[self.method.verdict_reward], self.reward_func_names[self.method.verdict_reward]
         call = dict(prompts=prompts, completions=completions, completion_ids=completion_ids_list, **kwargs)
         if _is_async(func):
             values = asyncio.run_coroutine_threadsafe(func(**call), self.async_loop).result()
@@ -198,7 +175,7 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
         values = [math.nan if value is None else float(value) for value in values]
         if len(values) != len(prompts):
             raise ValueError(
-                f"The reward function '{self.reward_func_names[self._verdict_index]}' returned {len(values)} rewards "
+                f"The reward function '{name}' returned {len(values)} rewards "
                 f"for {len(prompts)} completions; return one per completion."
             )
         return values
@@ -207,7 +184,7 @@ class JudgeCreditTrainer(ExtGRPOTrainer):
         scope = self.batch_scope
         cached, scope.verifier_values = scope.verifier_values, None
         if cached is not None:
-            index = self._verdict_index
+            index = self.method.verdict_reward
             original = self.reward_funcs[index]
             self.reward_funcs[index] = _CachedReward(cached, self.reward_func_names[index])
             try:

@@ -20,6 +20,8 @@ from torch import nn
 from trl.data_utils import is_conversational
 from trl.import_utils import is_math_verify_available
 
+from ..rollouts import reward_name
+
 logger = logging.getLogger(__name__)
 
 # The keyword arguments TRL passes every reward function besides the dataset columns (GRPOTrainer._calculate_rewards).
@@ -110,10 +112,6 @@ def require_columns(datasets: Sequence[tuple[str, Any]], settings: Mapping[str, 
                 f"{available}).{_did_you_mean(column, available)} Set {setting} to the dataset's column, or add a "
                 f"{column!r} column to the dataset."
             )
-
-
-def reward_name(func: Any) -> str:
-    return getattr(func, "__name__", None) or type(func).__name__
 
 
 def reward_column_arguments(func: Callable[..., Any]) -> list[str]:

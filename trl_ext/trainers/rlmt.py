@@ -1,7 +1,8 @@
 """`RLMTTrainer`: GRPO where the policy plans in ``<think>`` and a reward model scores the response only (docs/rlmt.md).
 
 A thin subclass of `ExtGRPOTrainer` (so the IPO loss and monitors compose with it). It does three things, all built
-from the pure pieces in `trl_ext.rewards.rlmt`:
+from the pieces in `trl_ext.rewards.rlmt` (the cut: `trl_ext.rewards.rlmt.method.RLMT`, the asynchronous trainer's
+too):
 
 1. **Format.** The dataset's prompts are rewritten into the RLMT format (`rlmt_format_dataset`): ``"instruct"``
    adds the planning instruction as a system message, ``"zero"`` builds the base-model prefix prompt. The user's
@@ -28,10 +29,8 @@ from typing import Any
 import torch
 
 from ..methods import METHODS
-from ..rewards.rlmt import (
-    cut_at_stop,
-)
 from ..rewards.rlmt.arguments import refuse_bare_reward_models
+from ..rewards.rlmt.method import RLMT
 from .ext_grpo import ExtGRPOTrainer
 from .requirements import check_trainer_inputs
 from .rlmt_config import RLMTConfig
@@ -94,6 +93,7 @@ class RLMTTrainer(ExtGRPOTrainer):
         # What the reward functions need (packages, columns, prompt format) fails now, not at the first batch.
         check_trainer_inputs("RLMTTrainer", reward_funcs, (train_dataset, eval_dataset), kwargs)
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *pargs, **kwargs)
+        self.method = RLMT(args.stop_strings)  # the stop-string cut, the asynchronous trainer's too
 
     @staticmethod
     def _format(dataset: Any, args: RLMTConfig) -> Any:
@@ -111,24 +111,20 @@ class RLMTTrainer(ExtGRPOTrainer):
     def postprocess_samples(self, completion_ids: list, logprobs: list | None) -> tuple[list, list | None]:
         """Cut every completion at its first stop string (the sampler may run past it), with its log-probs."""
         completion_ids, logprobs = super().postprocess_samples(completion_ids, logprobs)
-        stops = self.args.stop_strings
-        if not stops:
+        if not self.method.stop_strings:
             return completion_ids, logprobs
-        cuts = [
-            cut_at_stop(ids, None if logprobs is None else logprobs[row], self.tokenizer, stops)
-            for row, ids in enumerate(completion_ids)
-        ]
+        cut_ids, cut_logprobs, cut = self.method.cut(completion_ids, logprobs, self.tokenizer)
         # Counted here, logged once per generation batch (this method may run a different number of times per rank
         # in TRL's tool loop, so no collective call belongs here).
         scope = self.batch_scope
-        scope.stop_cut += sum(cut for _, _, cut in cuts)
+        scope.stop_cut += cut
         scope.stop_total += len(completion_ids)
-        return [ids for ids, _, _ in cuts], None if logprobs is None else [row for _, row, _ in cuts]
+        return cut_ids, cut_logprobs
 
     def process_scored_batch(self, batch: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """Log ``rlmt/stop_cut_ratio``: the completions of this batch cut at a stop string (all ranks)."""
         batch = super().process_scored_batch(batch, inputs)
-        if self.args.stop_strings:
+        if self.method.stop_strings:
             scope = self.batch_scope
             totals = self.global_sums(scope.stop_cut, scope.stop_total, dtype=torch.float32)
             self.log_metric("rlmt/stop_cut_ratio", (totals[0] / totals[1].clamp(min=1.0)).item())

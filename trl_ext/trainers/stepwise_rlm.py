@@ -21,7 +21,6 @@ import logging
 import random
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,9 +33,8 @@ from ..methods import METHODS
 from ..rlm import EngineStats, RolloutTree, TurnSample, canonical_rollout_order
 from ..rlm.generators import TransformersGenerator, VLLMColocateGenerator, VLLMServerGenerator
 from ..rlm.method import StepwiseRLM, answered_rewards, rollout_metrics
-from ..rlm.tree_files import TREES_FOLDER, TreeFile
 from ..samples import TrainingSample, padded_rows
-from .ext_grpo import ExtGRPOTrainer, written_after
+from .ext_grpo import ExtGRPOTrainer
 from .requirements import changed_settings, check_trainer_inputs
 from .stepwise_rlm_config import StepwiseRLMConfig
 from .trl_seam import BatchScope
@@ -151,21 +149,6 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
             "rlm_has_answer": [answer is not None for answer in answers],
         }
 
-    def discard_records_after(self, step: int) -> None:
-        """Delete this rank's rollout-tree files of the steps after ``step`` (they are about to be written again)."""
-        super().discard_records_after(step)
-        folder = Path(self.args.output_dir) / TREES_FOLDER
-        removed = 0
-        for path in sorted(folder.glob(f"*-rank{self.accelerator.process_index}.jsonl")) if folder.is_dir() else ():
-            parsed = TreeFile.parse(path.name)
-            if parsed is not None and written_after(parsed.mode, parsed.version, step):
-                path.unlink()
-                removed += 1
-        if removed:
-            logger.info(
-                "Removed %d rollout-tree file(s) of steps after %d from %s (redone now).", removed, step, folder
-            )
-
     def compute_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super().compute_rewards(inputs, prompts, completions, completion_ids_list)
         has_answer = torch.tensor([bool(row.get("rlm_has_answer", True)) for row in inputs], device=rewards.device)
@@ -198,7 +181,7 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
             "rlm_node": torch.tensor([turn.node for turn in turns], device=device),
             "rlm_depth": torch.tensor([turn.depth for turn in turns], device=device),
         }
-        if self.args.rlm_loss_normalization == "subtree":
+        if self.method.weighted:
             num_tokens = self.accelerator.gather(new["completion_mask"].sum()).sum()
             num_roots = self.accelerator.gather(torch.tensor(len(trees), device=device)).sum()
             new["loss_weights"] = stepwise_loss_weights(

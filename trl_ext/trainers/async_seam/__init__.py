@@ -11,7 +11,7 @@ trl-ext builds on ``AsyncGRPOTrainer`` through its extension points where they f
 | ``compute_loss``'s forward | `AsyncSeam.tree_forward` runs it as TRL does (padding-free row, tree kwargs, fused LM head), so a trl-ext loss gets the same log-probs |
 | ``_step_*`` / ``_last_forward_time_s`` (per-step accounting) | `AsyncSeam.record_micro_batch` adds a micro-batch whose loss trl-ext computed, as TRL's ``compute_loss`` does |
 | ``_metrics`` | `AsyncSeam.log_metric` |
-| ``async_rollout_worker.RolloutSample`` (not exported by ``trl.experimental.async_grpo``) | the sample record every trl-ext rollout worker builds (`trl_ext.trainers.async_worker.to_rollout_sample`); imported here once, the fields they fill checked at import (`ROLLOUT_SAMPLE_FIELDS`) |
+| ``async_rollout_worker.RolloutSample`` (not exported by ``trl.experimental.async_grpo``) | the sample record every trl-ext rollout worker builds (`to_rollout_sample`); imported here once, the fields they fill checked at import (`ROLLOUT_SAMPLE_FIELDS`) |
 | ``_lora_sync``, ``_lora_name`` | `served_policy_names`: the model name a rollout worker of trl-ext's requests (``trl-policy-v{N}``, or the base model) |
 | ``AsyncRolloutWorker.check_health`` / ``stop``, its ``_process`` | a child process that died is named (exit code, signal) and reaped instead of reported as hung and waited for for ever (`guard_rollout_worker`) |
 | ``_save_checkpoint``, ``_inner_training_loop`` (``rollout_state.json``), ``_trained_groups`` | a trl-ext worker's policy version counter is saved and restored, as TRL does for its own worker, so a resumed run does not republish adapter names a running server holds; and its dataset position (after the last run whose groups TRL trained), so a resumed run does not start the prompts over |
@@ -28,7 +28,7 @@ see the ``vllm`` test group), LoRA synced over HTTP.
 
 Modules: `check` (what the seam takes from TRL, as data, and `check_trl_async`), `cpu` (the patch; the kernel is `trl_ext.attention`),
 `trainer` (`AsyncSeam`, `TreeForward`), `faults` (a dead worker process named and reaped; the policy version counter across a resume), `weights`
-(per-token loss weights through TRL's batch), `credit` (per-token advantages through TRL's batch), `policy` (`served_policy_names`). `check_trl_async` runs at import: it compares the signatures of the methods
+(per-token loss weights through TRL's batch), `credit` (per-token advantages through TRL's batch), `samples` (`to_rollout_sample`), `policy` (`served_policy_names`). `check_trl_async` runs at import: it compares the signatures of the methods
 overridden and the module attributes replaced, the keywords TRL passes the attention kernel, the attributes read
 (assigned by ``AsyncGRPOTrainer``'s methods, or class attributes), and the keys of TRL's collated batch (its
 collator run on one hand-built sample, and the keys its ``compute_loss`` reads), and fails with the fix
@@ -57,6 +57,7 @@ from .credit import (
     token_credit_collator,
 )
 from .policy import served_policy_names
+from .samples import to_rollout_sample
 from .trainer import AsyncSeam, TreeForward
 from .weights import (
     LOSS_WEIGHTS_KEY,
@@ -93,6 +94,7 @@ __all__ = [
     "per_token_credit",
     "per_token_loss_weights",
     "served_policy_names",
+    "to_rollout_sample",
     "token_credit_collator",
     "weighted_sample_metrics",
 ]

@@ -53,7 +53,7 @@ ROLLOUT_WORKER_SEAM: dict[str, tuple[str, ...]] = {
     "stop": ("self",),
 }
 ROLLOUT_WORKER_ATTRIBUTES: tuple[str, ...] = ("_process", "_heartbeat_value", "_failed_event")
-# The fields trl-ext's rollout workers fill in `RolloutSample` (`trl_ext.trainers.async_worker.to_rollout_sample`).
+# The fields trl-ext's rollout workers fill in `RolloutSample` (`trl_ext.trainers.async_seam.samples.to_rollout_sample`).
 ROLLOUT_SAMPLE_FIELDS: tuple[str, ...] = (
     "prompt", "completion", "input_ids", "completion_mask", "old_log_probs", "advantage", "model_version", "group_id",
     "metrics",

@@ -121,7 +121,7 @@ def guard_rollout_worker(worker: Any) -> None:
 
 def save_rollout_state(folder: str, model_version: int, worker_state: dict[str, int] | None = None) -> None:
     """Write a trl-ext rollout worker's state into checkpoint ``folder``: the policy version counter and, when given,
-    where its dataset resumes (`ThreadedRolloutWorker.resume_state`: ``rows``, ``groups``)."""
+    where its dataset resumes (`RolloutWorker.resume_state`: ``rows``, ``groups``)."""
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, ROLLOUT_STATE_FILE), "w") as file:
         json.dump({"model_version": int(model_version), **(worker_state or {})}, file)

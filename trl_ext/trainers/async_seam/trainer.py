@@ -145,7 +145,7 @@ class AsyncSeam(AsyncGRPOTrainer):
             folder = os.path.join(
                 self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             )
-            resume_state = getattr(worker, "resume_state", None)  # a ThreadedRolloutWorker's dataset position
+            resume_state = getattr(worker, "resume_state", None)  # a RolloutWorker's dataset position
             worker_state = resume_state(self._trained_groups) if callable(resume_state) else None
             save_rollout_state(folder, self.model_version, worker_state)  # TRL saves it for its own worker only
         super()._save_checkpoint(model, trial)

@@ -34,6 +34,8 @@ import torch
 from torch import Tensor
 from trl.experimental.async_grpo import async_grpo_trainer
 
+from ...losses import folded_advantages
+
 __all__ = [
     "LOSS_WEIGHTS_KEY",
     "MODEL_VERSION_KEY",
@@ -203,7 +205,7 @@ def fold_loss_weights(inputs: dict[str, Tensor]) -> dict[str, Tensor]:
     if LOSS_WEIGHTS_KEY not in inputs:
         return inputs
     folded = {key: value for key, value in inputs.items() if key != LOSS_WEIGHTS_KEY}
-    folded["advantages"] = inputs["advantages"] * inputs[LOSS_WEIGHTS_KEY].to(inputs["advantages"].dtype)
+    folded["advantages"] = folded_advantages(inputs["advantages"], inputs[LOSS_WEIGHTS_KEY])
     return folded
 
 

@@ -1,5 +1,5 @@
 """`LossArguments`: the loss settings every trl-ext trainer config shares (``loss_type``, the IPO loss's
-``ipo_<name>`` fields mirrored from `trl_ext.losses.IPOSettings`, ``loss_kwargs`` for a loss registered from
+``ipo_<name>`` fields mirrored from `IPOSettings`, ``loss_kwargs`` for a loss registered from
 outside), each field documented once (`trl_ext.fields`), and their checks.
 
 `ExtGRPOConfig` (TRL's synchronous trainer) and `ExtAsyncGRPOConfig` (TRL's experimental asynchronous one) inherit
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..fields import document_fields, documented, mirror_field
-from ..losses import IPOSettings, LossSpec, get_loss
+from .registry import IPOSettings, LossSpec, get_loss
 
 __all__ = ["LOSS_SECTION", "LossArguments", "parse_loss_kwargs"]
 

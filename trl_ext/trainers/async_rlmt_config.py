@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...fields import document_fields
-from ...rewards.rlmt.arguments import RLMTArguments
-from ..ext_async_grpo_config import AsyncMethodConfig
+from ..fields import document_fields
+from ..rewards.rlmt.arguments import RLMTArguments
+from .ext_async_grpo_config import AsyncMethodConfig
 
 __all__ = ["AsyncRLMTConfig"]
 

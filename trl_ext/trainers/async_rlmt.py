@@ -1,37 +1,21 @@
-"""`AsyncRLMTTrainer`: RLMT (docs/rlmt.md) on TRL's asynchronous trainer (docs/async.md).
-
-What RLMT needs from generation, and why this trainer brings its own rollout worker rather than TRL's
-``AsyncRolloutWorker``:
-
-- **The stop string.** The "zero" format ends at ``</response>``. TRL's worker builds its ``/v1/completions`` request
-  inside a private method from fixed fields (``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``min_p``,
-  ``repetition_penalty``): ``AsyncGRPOConfig`` has no ``generation_kwargs`` and no ``stop``, so it cannot stop there.
-- **The "zero" prompt.** A base model's prefix prompt is plain text; TRL's worker renders every prompt as chat
-  messages through the chat template (and parses the reply with the template's response schema).
-- **The reward model.** TRL's worker is a spawned child with ``CUDA_VISIBLE_DEVICES=""``: an 8B reward model would
-  score on its CPU. Here it runs where ``reward_model_device`` says.
-
-So the rollouts are `RLMTRolloutWorker`'s (TRL's ``rollout_worker=`` extension point; a thread of this process, like
-`AsyncStepwiseRLMTrainer`'s): prompts rendered per format, a group sampled from the published policy with the stop
-strings as vLLM's ``stop`` (`ServedGroupGenerator`), every completion cut after the token completing its first stop
-string (so nothing past it is scored or trained; the cut also covers a sampler without stop strings), the reward
-functions called in-process (no pickling: a `RewardModelScorer` or `ServedRewardModelScorer` as is), and one TRL
-`RolloutSample` per completion. Training is `ExtAsyncGRPOTrainer`'s (TRL's loss or the loss registry), untouched:
-no TRL internal is needed beyond those `trl_ext.trainers.async_seam` names already.
-"""
+"""`AsyncRLMTTrainer`: RLMT (docs/rlmt.md) on TRL's asynchronous trainer, an adapter: its rollout worker samples the
+RLMT method's groups (`trl_ext.rewards.rlmt.method.RLMT`: RLMT prompts, every completion cut after its first stop
+string, the cut of `RLMTTrainer` too), with the stop strings as vLLM's ``stop`` and the reward functions called in
+this process. Why a worker of trl-ext's rather than TRL's: docs/async.md ("Judge credit and RLMT asynchronously")."""
 
 from __future__ import annotations
 
 from accelerate import PartialState
 
-from ...methods import METHODS
-from ...rewards.rlmt.arguments import refuse_bare_reward_models
-from ..ext_async_grpo import ExtAsyncGRPOTrainer
-from ..requirements import check_trainer_inputs
-from .config import AsyncRLMTConfig
-from .worker import RLMTRolloutWorker
+from ..methods import METHODS
+from ..rewards.rlmt.arguments import refuse_bare_reward_models
+from ..rewards.rlmt.method import RLMT
+from .async_rlmt_config import AsyncRLMTConfig
+from .async_worker import RolloutWorker
+from .ext_async_grpo import ExtAsyncGRPOTrainer
+from .requirements import check_trainer_inputs
 
-__all__ = ["AsyncRLMTTrainer"]
+__all__ = ["AsyncRLMTConfig", "AsyncRLMTTrainer"]
 
 
 class AsyncRLMTTrainer(ExtAsyncGRPOTrainer):
@@ -86,10 +70,11 @@ class AsyncRLMTTrainer(ExtAsyncGRPOTrainer):
     def build_rollout_worker(self, args, worker_kwargs):
         if not PartialState().is_main_process:
             return None  # TRL runs the rollouts on the main process; the reward model is loaded there only
-        return RLMTRolloutWorker(
-            **worker_kwargs,
-            stop_strings=args.stop_strings,
-        )
+        return RolloutWorker(method=self.method, **worker_kwargs)
+
+    def set_up_method(self, args, processing_class):
+        """The RLMT method: its prompts and stop-string cut (`RLMT`, the synchronous trainer's too)."""
+        self.method = RLMT(args.stop_strings)
 
     def served_generator_options(self):
         """A group's completions in one request, with the stop strings as vLLM's ``stop``."""

@@ -1,26 +1,23 @@
-"""`AsyncStepwiseRLMTrainer`: stepwise RLM training (docs/stepwise_rlm.md) on TRL's asynchronous trainer.
-
-TRL's ``AsyncGRPOTrainer`` trains on whatever its ``rollout_worker`` pushes; here that is `RLMRolloutWorker`, which
-runs the RLM engine in a thread against the policy served by ``vllm serve`` (`ServedPolicyGenerator`, the latest
-published adapter) and pushes one sample per turn of every trained node. Under ``rlm_loss_normalization="subtree"``
-each sample carries its node's ``W(v)/n_v``, the collator turns it into per-token ``loss_weights``
-(`trl_ext.trainers.async_seam.weights`) and the loss of a micro-batch of whole trees is ``mean_g L_subtree(root_g)``,
-as in `StepwiseRLMTrainer`: for ``"ipo"`` through the loss's ``weights=`` (its τ penalty included), for ``"dapo"``
-(TRL's PPO-clip) folded into the advantages, which is exact for it.
-"""
+"""`AsyncStepwiseRLMTrainer`: stepwise RLM training (docs/stepwise_rlm.md) on TRL's asynchronous trainer, an adapter:
+its rollout worker runs `trl_ext.rlm.method.StepwiseRLM.rollout` (the method the synchronous trainer drives), one
+sample per turn of every trained node. Under ``rlm_loss_normalization="subtree"`` each sample carries its node's
+``W(v)/n_v``, the collator turns it into per-token ``loss_weights`` (`trl_ext.trainers.async_seam.weights`) and the
+loss of a micro-batch of whole trees is ``mean_g L_subtree(root_g)``, as in `StepwiseRLMTrainer`: for ``"ipo"``
+through the loss's ``weights=`` (its τ penalty included), for ``"dapo"`` (TRL's PPO-clip) folded into the
+advantages, which is exact for it."""
 
 from __future__ import annotations
 
-from ...methods import METHODS
-from ...rlm.method import StepwiseRLM
-from ...rlm.sandbox import warn_run_exposure
-from ..async_seam import LOSS_WEIGHTS_KEY
-from ..ext_async_grpo import ExtAsyncGRPOTrainer
-from ..prompt_cap import prompt_cap
-from .config import AsyncStepwiseRLMConfig
-from .worker import RLMRolloutWorker
+from ..methods import METHODS
+from ..rlm.method import StepwiseRLM
+from ..rlm.sandbox import warn_run_exposure
+from .async_rlm_config import AsyncStepwiseRLMConfig
+from .async_seam import LOSS_WEIGHTS_KEY
+from .async_worker import RolloutWorker
+from .ext_async_grpo import ExtAsyncGRPOTrainer
+from .prompt_cap import prompt_cap
 
-__all__ = ["AsyncStepwiseRLMTrainer"]
+__all__ = ["AsyncStepwiseRLMConfig", "AsyncStepwiseRLMTrainer"]
 
 
 class AsyncStepwiseRLMTrainer(ExtAsyncGRPOTrainer):
@@ -34,7 +31,7 @@ class AsyncStepwiseRLMTrainer(ExtAsyncGRPOTrainer):
     worker runs in a thread of this process, so reward functions need not be picklable. Pass ``generator=`` (a
     `trl_ext.rlm.Generator`) to sample with something else than the server (tests use a scripted one), or
     ``rollout_worker=`` to replace the worker. With ``save_rollout_trees`` every run's trees are written as JSON
-    lines under ``<output_dir>/rlm_trees/`` (`RLMRolloutWorker`).
+    lines under ``<output_dir>/rlm_trees/`` (`StepwiseRLM.rollout`).
 
     Metrics, besides TRL's and the loss's: the RLM metrics of `trl_ext.rlm.metrics.rollout_metrics`, the same names
     and values as the synchronous trainer's (docs/stepwise_rlm.md), ``rlm/worker_errors_total`` (failed rollout
@@ -56,12 +53,7 @@ class AsyncStepwiseRLMTrainer(ExtAsyncGRPOTrainer):
         warn_run_exposure(self.method.scaffold.sandbox, args.output_dir, type(self).__name__)
 
     def build_rollout_worker(self, args, worker_kwargs):
-        return RLMRolloutWorker(
-            **worker_kwargs,
-            method=self.method,
-            weighted=args.rlm_loss_normalization == "subtree",
-            seed=args.seed,
-        )
+        return RolloutWorker(method=self.method, **worker_kwargs)
 
     def finish_set_up(self):
         """``max_prompt_tokens=None`` caps the turns' prompts at the model's positions minus

@@ -1,27 +1,22 @@
-"""`AsyncJudgeCreditTrainer`: token-span judge credit (docs/judge_credit.md) on TRL's asynchronous trainer.
-
-TRL's ``AsyncGRPOTrainer`` trains on whatever its ``rollout_worker`` pushes; here that is `JudgeRolloutWorker`, which
-samples from the policy served by ``vllm serve`` (`ServedPolicyGenerator`, the latest published adapter), scores
-with the reward functions, computes the group advantage ``A``, asks the judge (its calls overlap training) and pushes
-one sample per rollout with ``A`` and its capped credit ``cap_λ(c)``. The collator adds the credit to TRL's per-token
-advantages (`trl_ext.trainers.async_seam.TokenCreditCollator`), so every loss, TRL's PPO-clip (``"dapo"``) or
-trl-ext's (``"ipo"``, the default), trains on ``A_t = A + cap_λ(c)_t``, as `JudgeCreditTrainer` does.
-"""
+"""`AsyncJudgeCreditTrainer`: token-span judge credit (docs/judge_credit.md) on TRL's asynchronous trainer, an adapter:
+its rollout worker runs `trl_ext.judge.method.JudgeCredit.rollout` (the method the synchronous trainer drives), and
+TRL's collator adds each sample's credit to its per-token advantages (`trl_ext.trainers.async_seam.credit`), so every
+loss trains on ``A_t = A + cap_λ(c)_t``, as `JudgeCreditTrainer` does."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ...judge.judge import SpanJudge
-from ...judge.method import JudgeCredit, verdict_reward_index
-from ...methods import METHODS
-from ..async_seam import token_credit_collator
-from ..async_worker import reward_func_names
-from ..ext_async_grpo import ExtAsyncGRPOTrainer
-from .config import AsyncJudgeCreditConfig
-from .worker import JudgeRolloutWorker
+from ..judge.judge import SpanJudge
+from ..judge.method import JudgeCredit, verdict_reward_index
+from ..methods import METHODS
+from ..rollouts import reward_func_names
+from .async_judge_config import AsyncJudgeCreditConfig
+from .async_seam import token_credit_collator
+from .async_worker import RolloutWorker
+from .ext_async_grpo import ExtAsyncGRPOTrainer
 
-__all__ = ["AsyncJudgeCreditTrainer"]
+__all__ = ["AsyncJudgeCreditConfig", "AsyncJudgeCreditTrainer"]
 
 
 class AsyncJudgeCreditTrainer(ExtAsyncGRPOTrainer):
@@ -35,13 +30,9 @@ class AsyncJudgeCreditTrainer(ExtAsyncGRPOTrainer):
     from the config), ``generator`` (a `trl_ext.rlm.Generator` to sample with instead of the server; tests use a
     scripted one) and ``rollout_worker`` (to replace the worker).
 
-    Metrics, besides TRL's and the loss's (each over the logging window): ``judge/failure_ratio`` (rollouts with no
-    usable verdict), ``judge/refused_ratio`` (among them, judge replies with no readable verdict),
-    ``judge/injection_suspected``, ``judge/text_verdicts`` (verdicts read out of free text), ``judge/share`` (Σ|c| / (Σ|A| + Σ|c|) over completion tokens), ``judge/spans_per_rollout``,
-    ``judge/invalid_span_ratio`` (dropped / returned spans), ``judge/latency_p50`` (seconds per conversation),
-    ``judge/label/<name>`` (valid spans with that label per worker run), ``judge/wait_s`` (the worker's wait for the
-    verdicts of a run), ``judge/worker_errors_total`` (failed runs), ``reward``, ``rewards/<function>``. Every verdict
-    is appended to ``<output_dir>/judge_audit.jsonl`` (``judge_audit_log``).
+    Metrics: those of `JudgeCreditTrainer` (docs/judge_credit.md, "Metrics"), the same names and values, over the
+    logging window; ``judge/worker_errors_total`` counts failed rollout runs. Every verdict is appended to
+    ``<output_dir>/judge_audit.jsonl`` (``judge_audit_log``).
     """
 
     model_card = METHODS["judge-credit"]
@@ -94,17 +85,10 @@ class AsyncJudgeCreditTrainer(ExtAsyncGRPOTrainer):
 
     def build_rollout_worker(self, args, worker_kwargs):
         funcs = worker_kwargs["reward_funcs"]
-        return JudgeRolloutWorker(
-            **worker_kwargs,
-            method=self.method,
-            # every reward of the worker is a callable: it runs them all before the judge
-            verdict_reward=verdict_reward_index(
-                args.judge_verdict_reward,
-                reward_func_names(funcs),
-                [True] * len(funcs),
-            ),
-            step=lambda: self.state.global_step,
-        )
+        # every reward of the worker is a callable: it runs them all before the judge
+        names = reward_func_names(funcs)
+        self.method.verdict_reward = verdict_reward_index(args.judge_verdict_reward, names, [True] * len(funcs))
+        return RolloutWorker(method=self.method, **worker_kwargs)
 
     def finish_set_up(self):
         """The judge endpoint probed (advice only, `JudgeCredit.probe`)."""
