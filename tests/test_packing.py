@@ -12,6 +12,7 @@ from trl_ext.packing import (
     MAX_PACKED_TOKEN_RATIO,
     MIN_SAVED_TOKENS,
     PackedBatch,
+    TreeSequence,
     group_micro_batches,
     pack_rows,
     packing_obstacle,
@@ -343,3 +344,85 @@ def test_group_micro_batches_without_groups_returns_the_split_as_is():
     no_groups = [{**b, "prefix_group": None} for b in micro]
     assert group_micro_batches(no_groups, generator=torch.Generator().manual_seed(0)) is no_groups
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def random_packing(seed: int, max_packed_tokens: int):
+    """Rows of a stepwise tree: a shared system prompt, per node a history, turns branching off it."""
+    rng = random.Random(seed)
+    system = [rng.randrange(3, 50) for _ in range(rng.randrange(2, 6))]
+    sequences, prompt_lengths = [], []
+    for _ in range(rng.randrange(2, 4)):  # nodes
+        history = system + [rng.randrange(3, 50) for _ in range(rng.randrange(1, 5))]
+        for _ in range(rng.randrange(1, 4)):  # turns: each a longer prompt of the node's history
+            history = history + [rng.randrange(3, 6) for _ in range(rng.randrange(0, 3))]
+            completion = [rng.randrange(3, 6) for _ in range(rng.randrange(1, 5))]
+            sequences.append(history + completion)
+            prompt_lengths.append(len(history))
+            history = history + completion
+    return sequences, prompt_lengths, pack_rows(sequences, prompt_lengths, 4, max_packed_tokens)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_tree_sequence_paths_are_exactly_the_tree_mask(seed):
+    """Brute force: in the varlen layout, each token's visible keys (its segment's path, causally) are the packed
+    positions the dense tree mask lets it see, across several packed rows laid end to end."""
+    _, _, packing = random_packing(seed, max_packed_tokens=random.Random(seed).choice([12, 30, 1000]))
+    sequence = TreeSequence.collate(packing.packed, "cpu")
+    cu_q, cu_k = sequence.cu_seqlens_q.tolist(), sequence.cu_seqlens_k.tolist()
+    assert cu_q[-1] == sequence.input_ids.shape[1] == packing.packed_tokens
+    segment = 0
+    for row, offset in zip(packing.packed, sequence.offsets):
+        mask = visible(row)
+        for query in range(len(row)):
+            while cu_q[segment + 1] <= offset + query:
+                segment += 1
+            path = sequence.kv_index[cu_k[segment] : cu_k[segment + 1]]
+            length_q = cu_q[segment + 1] - cu_q[segment]
+            seen = path[: len(path) - length_q + (offset + query - cu_q[segment]) + 1] - offset
+            assert seen.tolist() == torch.nonzero(mask[query]).flatten().tolist()
+
+
+def test_varlen_tree_attention_gives_the_rows_log_probs_and_gradients():
+    """The CPU path (`TreeSequence` through `trl_ext.attention.tree_attention`) on a stepwise-like tree: the same
+    log-probs, entropies and parameter gradients as the unpacked rows."""
+    import transformers
+    from trl.trainer.utils import add_fused_lm_head
+
+    from trl_ext.packing import packed_logps_and_entropies
+
+    config = transformers.Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, initializer_range=0.2, attn_implementation="sdpa",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config)
+    add_fused_lm_head(model, temperature=1.0, outputs=("log_probs", "entropy"))
+    sequences, prompt_lengths, packing = random_packing(3, max_packed_tokens=20)
+    assert len(packing.packed) > 1 and packing.packed_tokens < packing.real_tokens
+    weights = torch.rand(len(sequences), packing.completion_length, generator=torch.Generator().manual_seed(1))
+
+    def gradients(loss):
+        model.zero_grad()
+        loss.backward()
+        return [param.grad.clone() for param in model.parameters()]
+
+    logps, entropies = packed_logps_and_entropies(model, packing, True, "sdpa")
+    packed_grads = gradients((logps * weights).sum())
+    unpacked = 0.0
+    for row, (tokens, prompt_length) in enumerate(zip(sequences, prompt_lengths)):
+        out = model(input_ids=torch.tensor([tokens]), shift_labels=_labels(tokens, prompt_length), fused_lm_head=True)
+        n = len(tokens) - prompt_length
+        scored = slice(prompt_length - 1, len(tokens) - 1)
+        torch.testing.assert_close(logps[row, :n], out.log_probs[0, scored], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(entropies[row, :n], out.entropy[0, scored], rtol=1e-5, atol=1e-5)
+        assert logps[row, n:].abs().sum() == 0
+        unpacked = unpacked + (out.log_probs[0, scored] * weights[row, :n]).sum()
+    for packed_grad, row_grad in zip(packed_grads, gradients(unpacked), strict=True):  # float32 sums, another order
+        assert (packed_grad - row_grad).abs().max() <= 1e-4 * row_grad.abs().max() + 1e-8
+
+
+def _labels(tokens: list[int], prompt_length: int) -> torch.Tensor:
+    ids = torch.tensor([tokens])
+    labels = torch.full_like(ids, -100)
+    labels[0, prompt_length - 1 : -1] = ids[0, prompt_length:]
+    return labels

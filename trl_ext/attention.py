@@ -4,18 +4,39 @@
 installs it in place of TRL's FlashAttention-3 fetch, `trl_ext.trainers.async_seam.cpu`); `attention_allowed` is the
 mask of one segment in flash-attn's convention.
 
+`tree_attention` is the same kernel as a transformers attention function: the synchronous trainer's shared-prefix
+packing runs its packed rows on the CPU through it (`trl_ext.packing.TreeSequence`), so no ``L x L`` mask is built
+and each segment attends to the keys of its own path only. `use_tree_attention` gives a model an attention
+implementation that runs `tree_attention` for a forward that carries the tree's index tensors and the model's own
+(SDPA) for any other, so generation and unpacked passes are unchanged, and gradient checkpointing, which replays a
+layer's forward during the backward with the same arguments, replays the tree attention too.
+
 Shapes, as flash-attn's ``flash_attn_varlen_func``: ``Tq`` query tokens, ``Tk`` key/value rows, ``S`` segments,
 ``H`` query heads, ``Hkv`` key/value heads (``H % Hkv == 0``: grouped-query attention), ``D`` the head dim.
 
-Pure: imports torch only.
+Pure tensor functions (torch); `register_tree_attention` registers one with transformers.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-__all__ = ["attention_allowed", "flash_attn_varlen_cpu"]
+__all__ = [
+    "TREE_ATTENTION",
+    "attention_allowed",
+    "base_attention",
+    "flash_attn_varlen_cpu",
+    "tree_attention",
+    "use_tree_attention",
+]
+
+TREE_ATTENTION = "trl_ext_tree"  # `use_tree_attention` names a model's implementation "trl_ext_tree:<its own>"
 
 
 def attention_allowed(
@@ -109,3 +130,81 @@ def flash_attn_varlen_cpu(
         probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
         out[q_start:q_end] = (probs @ values).transpose(0, 1).to(q.dtype)
     return out
+
+
+def tree_attention(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    *,
+    tree_kv_index: Tensor,
+    tree_cu_seqlens_q: Tensor,
+    tree_cu_seqlens_k: Tensor,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs,
+) -> tuple[Tensor, None]:
+    """A transformers attention function (``AttentionInterface``) over one sequence of packed token trees.
+
+    Args:
+        module: the attention layer (unused).
+        query: ``(1, H, N, D)``; key, value: ``(1, Hkv, N, D)``: the ``N`` tokens of the sequence.
+        attention_mask: ignored (the tree is given by the index tensors).
+        tree_kv_index: ``(K,)`` the position of every key/value row each segment sees, segment after segment: its
+            path (the visible part of each ancestor segment, root first) then itself.
+        tree_cu_seqlens_q: ``(S + 1,)`` the segments' boundaries in the sequence; tree_cu_seqlens_k: ``(S + 1,)``
+            their paths' boundaries in ``tree_kv_index``.
+        scaling, sliding_window, softcap: the layer's (`flash_attn_varlen_cpu`).
+        dropout: must be 0 (the kernel has no dropout).
+
+    Returns:
+        ``((1, N, H, D), None)``.
+    """
+    if dropout:
+        raise ValueError(f"tree attention has no dropout (got {dropout}): set the model's attention_dropout to 0.")
+    query, key, value = (x.transpose(1, 2)[0] for x in (query, key, value))
+    out = flash_attn_varlen_cpu(
+        query,
+        key.index_select(0, tree_kv_index),
+        value.index_select(0, tree_kv_index),
+        tree_cu_seqlens_q,
+        tree_cu_seqlens_k,
+        softmax_scale=scaling,
+        causal=True,
+        window_size=(sliding_window - 1, 0) if sliding_window else (-1, -1),
+        softcap=softcap or 0.0,
+    )
+    return out.unsqueeze(0), None
+
+
+def base_attention(name: str | None) -> str | None:
+    """The model's own attention implementation behind ``name`` (``"trl_ext_tree:sdpa"`` -> ``"sdpa"``)."""
+    prefix = f"{TREE_ATTENTION}:"
+    return name[len(prefix) :] if name is not None and name.startswith(prefix) else name
+
+
+def use_tree_attention(config: Any) -> None:
+    """Switch a model's attention implementation (its ``config``) from ``base`` (``"sdpa"``) to
+    ``"trl_ext_tree:<base>"``: `tree_attention` where the forward passes ``tree_kv_index``, ``base`` with ``base``'s
+    masks otherwise. Idempotent; raises for an implementation transformers does not register (e.g. ``"eager"``,
+    which each model defines itself)."""
+    base = config._attn_implementation
+    if base_attention(base) != base:
+        return
+    if base not in ALL_ATTENTION_FUNCTIONS or base not in ALL_MASK_ATTENTION_FUNCTIONS:
+        raise ValueError(f"tree attention wraps a registered attention implementation, not {base!r}.")
+    inner = ALL_ATTENTION_FUNCTIONS[base]
+
+    def dispatch(module, query, key, value, attention_mask, **kwargs):
+        if "tree_kv_index" in kwargs:
+            return tree_attention(module, query, key, value, attention_mask, **kwargs)
+        return inner(module, query, key, value, attention_mask, **kwargs)
+
+    name = f"{TREE_ATTENTION}:{base}"
+    AttentionInterface.register(name, dispatch)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
+    config._attn_implementation = name

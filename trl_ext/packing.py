@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .attention import base_attention, use_tree_attention
+
 __all__ = [
     "MAX_PACKED_TOKEN_RATIO",
     "MIN_SAVED_TOKENS",
@@ -38,6 +40,8 @@ __all__ = [
     "Packing",
     "PackedRow",
     "PackedBatch",
+    "TreeSequence",
+    "VARLEN_ATTENTION",
     "group_micro_batches",
     "pack_rows",
     "packed_logps_and_entropies",
@@ -51,6 +55,10 @@ _SELF = np.iinfo(np.int32).max  # visible_end of a segment for itself: limited b
 
 # Attention implementations that take the packed rows' tree mask (flash attention takes no custom mask).
 PACKABLE_ATTENTION = ("sdpa", "eager", "flex_attention")
+# On the CPU, SDPA runs packed rows as one sequence through `trl_ext.attention.tree_attention` (`TreeSequence`): each
+# segment attends to its own path, no L x L mask is built. On a GPU, SDPA and eager get the dense mask (FlexAttention,
+# its block mask: the implementation to use there), and so does eager on the CPU.
+VARLEN_ATTENTION = ("sdpa",)
 # "auto" packs a log-prob pass only when it processes at most this fraction of the padded rows' tokens and saves at
 # least this many tokens (below that, laying out and masking cost more than the forward saves).
 MAX_PACKED_TOKEN_RATIO = 0.8
@@ -72,7 +80,7 @@ def packing_obstacle(*, multimodal: bool, router_loss: bool, sharded: bool, atte
         return "the MoE router loss counts every token"
     if sharded:
         return "FSDP and DeepSpeed ranks would run different numbers of forwards"
-    if attention not in PACKABLE_ATTENTION:
+    if base_attention(attention) not in PACKABLE_ATTENTION:
         return f"attention implementation {attention!r} takes no custom mask (use one of {list(PACKABLE_ATTENTION)})"
     return None
 
@@ -399,6 +407,67 @@ class PackedBatch:
         return create_block_mask(mask_mod, rows, None, length, length, device=self.input_ids.device)
 
 
+@dataclass
+class TreeSequence:
+    """Packed rows laid end to end as one sequence for varlen tree attention (`trl_ext.attention.tree_attention`): no
+    padding and no ``L x L`` mask; each segment's queries attend to the keys of its path, as `tree_mask` says.
+
+    Attributes:
+        input_ids, position_ids, labels: ``(1, N)``, the rows' tokens one after the other.
+        kv_index: ``(K,)`` per segment, the positions of its path: the visible part of each ancestor (root first),
+            then the segment itself (the attention's ``tree_kv_index``).
+        cu_seqlens_q, cu_seqlens_k: ``(S + 1,)`` int32: the segments' boundaries in the sequence, their paths' in
+            ``kv_index``.
+        offsets: where each packed row starts in the sequence.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    labels: torch.Tensor
+    kv_index: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    offsets: list[int]
+
+    @classmethod
+    def collate(cls, rows: list[PackedRow], device: torch.device | str) -> TreeSequence:
+        paths: list[np.ndarray] = []
+        cu_q, cu_k, offsets, offset = [0], [0], [], 0
+        for row in rows:
+            offsets.append(offset)
+            segments, counts = np.unique(row.segment_ids.numpy(), return_counts=True)  # in order: laid out in turn
+            starts = np.concatenate([[0], np.cumsum(counts)])
+            visible_end = row.visible_end.numpy()
+            for segment, start, end in zip(segments.tolist(), starts[:-1].tolist(), starts[1:].tolist()):
+                ancestors = [a for a in np.nonzero(visible_end[segment] >= 0)[0].tolist() if a != segment]
+                pieces = [np.arange(starts[a], visible_end[segment, a]) for a in ancestors]  # root first
+                paths.append(np.concatenate([*pieces, np.arange(start, end)]) + offset)
+                cu_q.append(offset + end)
+                cu_k.append(cu_k[-1] + len(paths[-1]))
+            offset += len(row)
+
+        def joined(name: str) -> torch.Tensor:
+            return torch.cat([getattr(row, name) for row in rows]).unsqueeze(0).to(device)
+
+        return cls(
+            input_ids=joined("input_ids"),
+            position_ids=joined("position_ids"),
+            labels=joined("labels"),
+            kv_index=torch.from_numpy(np.concatenate(paths)).to(device),
+            cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32, device=device),
+            cu_seqlens_k=torch.tensor(cu_k, dtype=torch.int32, device=device),
+            offsets=offsets,
+        )
+
+    def attention_kwargs(self) -> dict[str, torch.Tensor]:
+        """What the model's forward passes on to `trl_ext.attention.tree_attention`."""
+        return {
+            "tree_kv_index": self.kv_index,
+            "tree_cu_seqlens_q": self.cu_seqlens_q,
+            "tree_cu_seqlens_k": self.cu_seqlens_k,
+        }
+
+
 def packed_logps_and_entropies(
     model,
     packing: Packing,
@@ -416,8 +485,9 @@ def packed_logps_and_entropies(
         model: the (possibly PEFT- or DDP-wrapped) causal LM with TRL's fused head.
         packing: the layout from `pack_rows`.
         compute_entropy: also return the entropies.
-        attn_implementation: the model's attention implementation: ``"flex_attention"`` gets a ``BlockMask``,
-            anything else the dense additive mask (SDPA, eager).
+        attn_implementation: the model's attention implementation: ``"flex_attention"`` gets a ``BlockMask``; SDPA
+            on the CPU runs the rows as one `TreeSequence` (`VARLEN_ATTENTION`; the model's implementation becomes
+            `trl_ext.attention.use_tree_attention`'s), anything else the dense additive mask.
         autocast: a context manager factory for the forward (the trainer's ``accelerator.autocast``), or None.
         max_forward_tokens: without gradients, the packed rows are run in forwards of at most this many (padded)
             tokens (at least one row each); with gradients, always in one forward (DDP needs exactly one, as TRL).
@@ -436,7 +506,26 @@ def packed_logps_and_entropies(
         else:
             forwards[-1] = batch
     all_logps, all_entropies = [], []
+    attn_implementation = base_attention(attn_implementation)
+    varlen = attn_implementation in VARLEN_ATTENTION and device.type == "cpu"
+    if varlen:  # the model's layers run `tree_attention` where a forward carries the tree, SDPA elsewhere
+        use_tree_attention(getattr(model, "module", model).config)  # DDP wraps the model; PEFT forwards .config
     for rows in forwards:
+        if varlen:
+            sequence = TreeSequence.collate(rows, device)
+            with autocast() if autocast is not None else contextlib.nullcontext():
+                outputs = model(
+                    input_ids=sequence.input_ids,
+                    position_ids=sequence.position_ids,
+                    shift_labels=sequence.labels,
+                    fused_lm_head=True,
+                    **sequence.attention_kwargs(),
+                )
+            for row, start in zip(rows, sequence.offsets):
+                all_logps.append(outputs.log_probs[0, start : start + len(row)])
+                if compute_entropy:
+                    all_entropies.append(outputs.entropy[0, start : start + len(row)])
+            continue
         batch = PackedBatch.collate(rows, device)
         mask = batch.block_mask() if attn_implementation == "flex_attention" else batch.dense_mask(dtype)
         with autocast() if autocast is not None else contextlib.nullcontext():

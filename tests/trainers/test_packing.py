@@ -168,7 +168,8 @@ def test_lora_with_gradient_checkpointing_same_loss_and_gradients(tmp_path):
 
 @pytest.fixture(scope="module")
 def stepwise_run(tmp_path_factory):
-    trainer = make_trainer(tmp_path_factory.mktemp("stepwise"), num_iterations=2)
+    # 4 trees, 2 per prompt group: the 2 groups of the regrouping test (a group shares its prompt's prefixes)
+    trainer = make_trainer(tmp_path_factory.mktemp("stepwise"), num_iterations=2, num_generations=2)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
     batch = trainer._generate_and_score_completions(generation_inputs())

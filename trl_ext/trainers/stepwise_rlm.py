@@ -177,7 +177,9 @@ class StepwiseRLMTrainer(ExtGRPOTrainer):
             "advantages": broadcast_advantages(batch["advantages"], row_root),
             "rewards": broadcast_advantages(batch["rewards"], row_root),
             "rlm_root": row_root,
-            "prefix_group": row_root,  # the turns of one tree share their histories (shared-prefix packing)
+            # Shared-prefix packing: the trees of one prompt (TRL's consecutive num_generations rows) share its system
+            # prompt, task and context, and each tree's turns their histories: one group, one micro-batch.
+            "prefix_group": torch.div(row_root, self.num_generations, rounding_mode="floor"),
             "rlm_node": torch.tensor([turn.node for turn in turns], device=device),
             "rlm_depth": torch.tensor([turn.depth for turn in turns], device=device),
         }
