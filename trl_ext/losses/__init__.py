@@ -11,46 +11,8 @@ loss settings every trainer config shares.
 Every public name is importable from here (``from trl_ext.losses import ipo_loss``).
 """
 
-from .policy import (
-    folded_advantages,
-    importance_sampling_ratio,
-    ipo_keep_mask,
-    ipo_loss,
-    policy_stat_sums,
-    ppo_clip_flags,
-    ppo_clip_loss,
-    sampling_mismatch,
-    version_lags,
-)
-from .registry import (
-    LOSSES,
-    IPOSettings,
-    LossCard,
-    LossSpec,
-    get_loss,
-    register_loss,
-    trust_region_label,
-    trust_region_loss,
-    trust_region_metrics,
-)
+from . import policy, registry
+from .policy import *  # noqa: F403  (each module's __all__ is the one list of its names)
+from .registry import *  # noqa: F403
 
-__all__ = [
-    "LOSSES",
-    "IPOSettings",
-    "LossCard",
-    "LossSpec",
-    "folded_advantages",
-    "get_loss",
-    "importance_sampling_ratio",
-    "ipo_keep_mask",
-    "ipo_loss",
-    "policy_stat_sums",
-    "ppo_clip_flags",
-    "ppo_clip_loss",
-    "register_loss",
-    "sampling_mismatch",
-    "trust_region_label",
-    "trust_region_loss",
-    "trust_region_metrics",
-    "version_lags",
-]
+__all__ = [*policy.__all__, *registry.__all__]
