@@ -426,3 +426,23 @@ def _labels(tokens: list[int], prompt_length: int) -> torch.Tensor:
     labels = torch.full_like(ids, -100)
     labels[0, prompt_length - 1 : -1] = ids[0, prompt_length:]
     return labels
+
+
+def test_a_model_training_with_attention_dropout_keeps_the_dense_mask():
+    """The varlen kernel has no dropout: such a model's packed pass takes the dense mask (its SDPA is not wrapped)."""
+    import transformers
+    from trl.trainer.utils import add_fused_lm_head
+
+    from trl_ext.packing import packed_logps_and_entropies
+
+    config = transformers.Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, attention_dropout=0.1, attn_implementation="sdpa",
+    )  # fmt: skip
+    model = transformers.Qwen2ForCausalLM(config).train()
+    add_fused_lm_head(model, temperature=1.0, outputs=("log_probs", "entropy"))
+    _, _, packing = random_packing(1, max_packed_tokens=1000)
+    logps, _ = packed_logps_and_entropies(model, packing, False, "sdpa")
+    assert model.config._attn_implementation == "sdpa" and torch.isfinite(logps).all()
+    packed_logps_and_entropies(model.eval(), packing, False, "sdpa")  # without dropout: the varlen path
+    assert model.config._attn_implementation == "trl_ext_tree:sdpa"

@@ -507,9 +507,12 @@ def packed_logps_and_entropies(
             forwards[-1] = batch
     all_logps, all_entropies = [], []
     attn_implementation = base_attention(attn_implementation)
-    varlen = attn_implementation in VARLEN_ATTENTION and device.type == "cpu"
+    config = getattr(model, "module", model).config  # DDP wraps the model; PEFT forwards .config
+    # The varlen kernel has no attention dropout: a model that trains with one keeps the dense mask.
+    dropout = model.training and getattr(config, "attention_dropout", 0.0)
+    varlen = attn_implementation in VARLEN_ATTENTION and device.type == "cpu" and not dropout
     if varlen:  # the model's layers run `tree_attention` where a forward carries the tree, SDPA elsewhere
-        use_tree_attention(getattr(model, "module", model).config)  # DDP wraps the model; PEFT forwards .config
+        use_tree_attention(config)
     for rows in forwards:
         if varlen:
             sequence = TreeSequence.collate(rows, device)
