@@ -248,10 +248,10 @@ class StepwiseRLM(RolloutMethod):
         answers = [tree.final_answer for tree in trees]
         texts = [answer or "" for answer in answers]
         ids = [list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
-        per_func = runtime.call_rewards(row, texts, ids, rlm_has_answer=[answer is not None for answer in answers])
-        answered = torch.tensor([answer is not None for answer in answers])
+        answered = [answer is not None for answer in answers]
+        per_func = runtime.call_rewards(row, texts, ids, rlm_has_answer=answered)
         summed = torch.tensor(runtime.summed_rewards(per_func), dtype=torch.float64)
-        rewards = answered_rewards(summed, answered).tolist()
+        rewards = answered_rewards(summed, torch.tensor(answered)).tolist()
         advantages = self.group_advantages(rewards, runtime)
         reward_std = population_std(rewards)
         group_id = runtime.next_group_id()
