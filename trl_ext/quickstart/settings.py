@@ -46,7 +46,8 @@ class QuickstartSettings(ScaledSettings):
     generation (the later ones are off-policy, where the IPO mask acts), ``rl_micro_batches`` the generation batch is
     split into (gradient accumulation: the same optimizer step, a fraction of the activation memory), LoRA
     rank/alpha, ``max_completion_length`` tokens per action, ``max_turns`` per node (the task takes two: look at the
-    context, then answer), sampling ``temperature``, ``loss_type`` (``"ipo"``, or e.g. ``"dapo"`` for PPO-clip) and
+    context, then answer), ``max_children`` a root may start (one per part, at most 3 in the quickstart's data, with
+    room for one more; benchmarks/uneven_trees.py raises it for its 5- and 6-part contexts), sampling ``temperature``, ``loss_type`` (``"ipo"``, or e.g. ``"dapo"`` for PPO-clip) and
     ``rlm_loss_normalization`` (``"subtree"``: 1/k_g weights; ``"token"``: a plain token mean) — the last two are
     what the ablations change (docs/quickstart.md).
     """
@@ -76,6 +77,7 @@ class QuickstartSettings(ScaledSettings):
     lora_alpha: int = 32
     max_completion_length: int = 64
     max_turns: int = 2
+    max_children: int = 4
     temperature: float = 1.0
     loss_type: str = "ipo"
     rlm_loss_normalization: str = "subtree"
@@ -104,6 +106,7 @@ class QuickstartSettings(ScaledSettings):
                 "num_iterations",
                 "rl_micro_batches",
                 "max_turns",
+                "max_children",
             ),
         )
         rollouts = self.prompts_per_step * self.num_generations
@@ -114,10 +117,6 @@ class QuickstartSettings(ScaledSettings):
             )
         if not self.sft_epochs > 0:
             raise ValueError(f"sft_epochs must be > 0, got {self.sft_epochs!r}.")
-
-
-# Children a root may start: one per part (at most 3), with room for one more.
-TOY_MAX_CHILDREN = 4
 
 
 def check_counts(settings: Any, names: tuple[str, ...]) -> None:
@@ -139,8 +138,8 @@ def _toy_scaffold(settings: QuickstartSettings) -> dict[str, Any]:
     return dict(
         max_turns=settings.max_turns,
         max_depth=1,
-        max_children=TOY_MAX_CHILDREN,
-        max_total_children=TOY_MAX_CHILDREN,
+        max_children=settings.max_children,
+        max_total_children=settings.max_children,
         system_prompt=TOY_SYSTEM_PROMPT,
         first_user_prompt=TOY_FIRST_USER_PROMPT,
         user_prompt=TOY_USER_PROMPT,

@@ -95,12 +95,21 @@ CHILD_STRATEGIES = ("compute", "shortcut", "read")
 
 
 def make_toy_dataset(
-    num_examples: int, seed: int = 0, *, min_parts: int = 2, max_parts: int = 3, min_pairs: int = 3, max_pairs: int = 4
+    num_examples: int,
+    seed: int = 0,
+    *,
+    min_parts: int = 2,
+    max_parts: int = 3,
+    min_pairs: int = 3,
+    max_pairs: int = 4,
+    parts_counts: Sequence[int] | None = None,
 ) -> Any:
     """``num_examples`` seeded toy examples as a `datasets.Dataset` with ``prompt``, ``context`` and ``answer``.
 
-    Every example has ``min_parts``..``max_parts`` parts; a part draws ``min_pairs``..``max_pairs`` distinct keys
-    from ``a``..``h`` in random order, a two-digit value for each, and asks for one of them::
+    Every example has ``min_parts``..``max_parts`` parts — or, with ``parts_counts``, a count drawn uniformly from
+    that list (e.g. ``(1, 2, 5, 6)``: deliberately uneven rollout trees, benchmarks/uneven_trees.py); a part draws
+    ``min_pairs``..``max_pairs`` distinct keys from ``a``..``h`` in random order, a two-digit value for each, and
+    asks for one of them::
 
         context = ["c=41 a=73 f=13\\nkey: f", "b=90 e=25 a=61 d=38\\nkey: d"], answer = "13,38"
 
@@ -112,11 +121,16 @@ def make_toy_dataset(
         raise ValueError(f"Need 1 <= min_pairs <= max_pairs <= {len(KEYS)}, got {min_pairs} and {max_pairs}.")
     if not 1 <= min_parts <= max_parts:
         raise ValueError(f"Need 1 <= min_parts <= max_parts, got {min_parts} and {max_parts}.")
+    if parts_counts is not None:
+        parts_counts = list(parts_counts)
+        if not parts_counts or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in parts_counts):
+            raise ValueError(f"parts_counts must be a non-empty list of ints >= 1, got {parts_counts!r}.")
     rng = random.Random(seed)
     rows: dict[str, list[Any]] = {"prompt": [], "context": [], ANSWER_COLUMN: []}
     for _ in range(num_examples):
         parts, values = [], []
-        for _ in range(rng.randint(min_parts, max_parts)):
+        count = rng.randint(min_parts, max_parts) if parts_counts is None else rng.choice(parts_counts)
+        for _ in range(count):
             keys = rng.sample(KEYS, rng.randint(min_pairs, max_pairs))
             pair_values = [str(rng.randint(10, 99)) for _ in keys]
             asked = rng.randrange(len(keys))
