@@ -53,70 +53,6 @@ ARM_LABELS = {"subtree": "subtree (1/k_g, default)", "token": "token (plain toke
 _ITEMS_RE = re.compile(r"a list of (\d+) items")
 
 
-def uneven_dataset(num_examples: int, seed: int) -> Any:
-    from trl_ext.quickstart.toy_task import make_toy_dataset
-
-    return make_toy_dataset(num_examples, seed=seed, parts_counts=PARTS_COUNTS)
-
-
-def uneven_eval_set(num_examples: int, seed: int, exclude: list) -> Any:
-    """``num_examples`` uneven tasks not in ``exclude`` (as `held_out_eval_set`, with the uneven parts counts)."""
-    seen = {tuple(context) for context in exclude}
-    candidates = uneven_dataset(2 * num_examples + 16, seed + 10_007)
-    keep = [i for i, context in enumerate(candidates["context"]) if tuple(context) not in seen][:num_examples]
-    return candidates.select(keep)
-
-
-def uneven_cold_start(output: Path, settings: Any) -> Any:
-    """`trl_ext.quickstart.stepwise.cold_start` on the uneven data: teacher traces, cold-start SFT, the SFT-only
-    held-out evaluation."""
-    from trl_ext.judge import AsyncChatClient
-    from trl_ext.quickstart.evaluation import evaluate_policy
-    from trl_ext.quickstart.scripted_server import ScriptedChatServer
-    from trl_ext.quickstart.settings import toy_scaffold_config
-    from trl_ext.quickstart.stepwise import SFT_MODEL_DIR, ColdStart
-    from trl_ext.quickstart.toy_task import ToyTeacher, parts_reward
-    from trl_ext.quickstart.training import cold_start_sft
-    from trl_ext.sft import filter_traces, generate_teacher_traces, split_cold_start, traces_to_sft_rows
-    from trl_ext.testing import build_tiny_model_and_tokenizer
-
-    seed = settings.seed
-    dataset = uneven_dataset(settings.num_sft_examples + settings.num_rl_examples, seed)
-    sft_split, rl_split = split_cold_start(dataset, n=settings.num_sft_examples, seed=seed)
-    eval_set = uneven_eval_set(settings.num_eval_examples, seed, exclude=dataset["context"])
-    teacher = ToyTeacher(settings.delegate_fraction, settings.compute_fraction, settings.shortcut_fraction, seed=seed)
-    with ScriptedChatServer(teacher, model="toy-teacher") as server:
-        client = AsyncChatClient(server.base_url, "toy-teacher", api_key_env=None, max_retries=0, timeout=30.0)
-        traces = generate_teacher_traces(sft_split, client, scaffold_config=toy_scaffold_config(settings))
-    kept, report = filter_traces(traces, reward_fn=parts_reward)
-    sft_rows = traces_to_sft_rows(kept, num_rl_examples=len(rl_split))
-    print(f"teacher: {len(traces)} traces, {report.kept} kept -> {len(sft_rows)} SFT rows", flush=True)
-    model, tokenizer = build_tiny_model_and_tokenizer(
-        seed,
-        hidden_size=settings.hidden_size,
-        intermediate_size=2 * settings.hidden_size,
-        num_hidden_layers=settings.num_hidden_layers,
-    )
-    model = cold_start_sft(
-        model,
-        tokenizer,
-        sft_rows,
-        output / "sft",
-        epochs=settings.sft_epochs,
-        learning_rate=settings.sft_learning_rate,
-        batch_size=settings.sft_batch_size,
-        seed=seed,
-        progress=False,
-    )
-    sft_dir = output / SFT_MODEL_DIR
-    model.save_pretrained(sft_dir)
-    tokenizer.save_pretrained(sft_dir)
-    model.config._name_or_path = str(sft_dir)
-    before = evaluate_policy(model, tokenizer, eval_set, settings, output / "eval" / "sft_only.jsonl")
-    print(f"SFT-only held-out reward {before.reward:.3f}", flush=True)
-    return ColdStart(model, tokenizer, sft_dir, rl_split, eval_set, before, len(sft_rows), report.kept)
-
-
 def reward_by_parts(trees_file: str) -> dict[str, float]:
     """Held-out reward over the evaluation's rollouts with few (1-2) and many (5-6) parts."""
     split: dict[str, list[float]] = {"few": [], "many": []}
@@ -217,19 +153,21 @@ def worker(seed: int, arms: list[str], workdir: Path, overrides: dict[str, Any])
 
     from trl_ext.quickstart import QuickstartSettings
     from trl_ext.quickstart.runner import prepare_output_dir
-    from trl_ext.quickstart.stepwise import reinforce
+    from trl_ext.quickstart.stepwise import cold_start, reinforce
     from trl_ext.quickstart.training import fresh_copy
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     datasets.disable_progress_bars()
-    # the quickstart's 4 children a root would refuse a six-part delegation
-    settings = dataclasses.replace(QuickstartSettings.default(seed), max_children=MAX_CHILDREN, **overrides)
+    # uneven data; the quickstart's 4 children a root would refuse a six-part delegation
+    settings = dataclasses.replace(
+        QuickstartSettings.default(seed), parts_counts=PARTS_COUNTS, max_children=MAX_CHILDREN, **overrides
+    )
     settings.validate()
     root = prepare_output_dir(workdir / f"seed{seed}")
     started = time.perf_counter()
-    start = uneven_cold_start(root, settings)
+    start = cold_start(root, settings, False, print)
     record: dict[str, Any] = {
         "seed": seed,
         "threads": torch.get_num_threads(),

@@ -131,7 +131,9 @@ def test_teacher_roots_delegate_or_read_what_they_saw():
     assert 0.35 < answers.count(DELEGATE_ACTION) / 100 < 0.65
 
 
-def _teacher_engine(teacher: ToyTeacher):
+def teacher_engine(teacher: ToyTeacher, settings: QuickstartSettings | None = None):
+    """`RLMEngine` in the toy scaffold of ``settings`` (default: the quickstart's), every node played by ``teacher``
+    through a `ScriptedGenerator` and real REPLs."""
     from trl_ext.testing import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
@@ -145,14 +147,16 @@ def _teacher_engine(teacher: ToyTeacher):
         ]
         return teacher({"messages": messages})
 
-    return RLMEngine(ScriptedGenerator(respond, tokenizer), tokenizer, toy_scaffold_config(QuickstartSettings()))
+    return RLMEngine(
+        ScriptedGenerator(respond, tokenizer), tokenizer, toy_scaffold_config(settings or QuickstartSettings())
+    )
 
 
 def test_delegating_teacher_solves_every_task_through_real_children():
     """Played by a ScriptedGenerator through RLMEngine and real REPLs: a root that delegates starts one child per
     part, the children (computing or reading) answer their parts, and the joined answers are exactly right."""
     dataset = make_toy_dataset(8, seed=2)
-    engine = _teacher_engine(ToyTeacher(delegate_fraction=1.0, compute_fraction=0.5, shortcut_fraction=0.0, seed=0))
+    engine = teacher_engine(ToyTeacher(delegate_fraction=1.0, compute_fraction=0.5, shortcut_fraction=0.0, seed=0))
     trees = engine.run([RLMTask(row["prompt"], row["context"]) for row in dataset])
     assert parts_reward([t.final_answer for t in trees], dataset["answer"]) == [1.0] * 8
     assert [len(tree.root.children) for tree in trees] == [len(row["context"]) for row in dataset]
@@ -165,7 +169,7 @@ def test_delegating_teacher_solves_every_task_through_real_children():
 def test_reading_teacher_scores_only_the_part_it_saw():
     """A root that reads sees only the first part of print(context) (the output is cut to TOY_OUTPUT_CHARS)."""
     dataset = make_toy_dataset(8, seed=2)
-    trees = _teacher_engine(ToyTeacher(delegate_fraction=0.0, seed=0)).run(
+    trees = teacher_engine(ToyTeacher(delegate_fraction=0.0, seed=0)).run(
         [RLMTask(row["prompt"], row["context"]) for row in dataset]
     )
     assert all(classify_root(tree) == "read" and not tree.root.children for tree in trees)

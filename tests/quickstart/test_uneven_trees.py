@@ -18,10 +18,11 @@ import pytest
 import torch
 
 from trl_ext.advantages import stepwise_loss_weights
-from trl_ext.quickstart import QuickstartSettings, toy_scaffold_config
-from trl_ext.quickstart.toy_task import TOY_OUTPUT_CHARS, ToyTeacher, classify_root, parts_reward
-from trl_ext.rlm import RLMEngine, RLMTask, ScriptedGenerator
-from trl_ext.testing import build_tiny_tokenizer
+from trl_ext.quickstart import QuickstartSettings
+from trl_ext.quickstart.toy_task import TOY_OUTPUT_CHARS, ToyTeacher, classify_root, make_toy_dataset, parts_reward
+from trl_ext.rlm import RLMTask
+
+from .test_quickstart import teacher_engine
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 
@@ -31,22 +32,7 @@ import uneven_trees  # noqa: E402
 def _teacher_trees(teacher: ToyTeacher, dataset, max_children: int = QuickstartSettings.max_children) -> list:
     """The teacher plays every node of every task through `RLMEngine` and real REPLs, in the toy scaffold of the
     quickstart's settings with ``max_children``."""
-    tokenizer = build_tiny_tokenizer()
-
-    def respond(prompt_text: str) -> str:
-        blocks = prompt_text.split("<|im_start|>")[1:]  # the last one is the generation prompt, not a message
-        messages = [
-            {"role": b.split("\n", 1)[0], "content": b.split("\n", 1)[1].rsplit("<|im_end|>", 1)[0]}
-            for b in blocks
-            if "<|im_end|>" in b
-        ]
-        return teacher({"messages": messages})
-
-    engine = RLMEngine(
-        ScriptedGenerator(respond, tokenizer),
-        tokenizer,
-        toy_scaffold_config(QuickstartSettings(max_children=max_children)),
-    )
+    engine = teacher_engine(teacher, QuickstartSettings(max_children=max_children))
     return engine.run([RLMTask(row["prompt"], row["context"]) for row in dataset])
 
 
@@ -59,7 +45,7 @@ def _subtree_loss(tree, node_loss: dict[int, float], node: int = 0) -> float:
 
 @pytest.mark.slow
 def test_uneven_data_gives_uneven_trees_and_the_1_over_k_weights_even_them_out():
-    dataset = uneven_trees.uneven_dataset(16, seed=0)
+    dataset = make_toy_dataset(16, seed=0, parts_counts=uneven_trees.PARTS_COUNTS)
     parts = [len(context) for context in dataset["context"]]
     assert set(parts) == set(uneven_trees.PARTS_COUNTS)
     # a root can print a one-part context whole (cut at TOY_OUTPUT_CHARS), never a longer one

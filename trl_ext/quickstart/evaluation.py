@@ -40,12 +40,15 @@ class EvalResult:
     trees_file: str | None = None
 
 
-def held_out_eval_set(num_examples: int, seed: int, exclude: Sequence[str]) -> Any:
-    """``num_examples`` toy tasks whose contexts are not in ``exclude`` (the SFT and RL data)."""
+def held_out_eval_set(
+    num_examples: int, seed: int, exclude: Sequence[str], parts_counts: Sequence[int] | None = None
+) -> Any:
+    """``num_examples`` toy tasks whose contexts are not in ``exclude`` (the SFT and RL data); ``parts_counts`` as
+    `make_toy_dataset`'s."""
     from .toy_task import make_toy_dataset
 
     seen = {tuple(context) for context in exclude}
-    candidates = make_toy_dataset(2 * num_examples + 16, seed=seed + 10_007)
+    candidates = make_toy_dataset(2 * num_examples + 16, seed=seed + 10_007, parts_counts=parts_counts)
     keep = [i for i, context in enumerate(candidates["context"]) if tuple(context) not in seen][:num_examples]
     return candidates.select(keep)
 

@@ -32,7 +32,9 @@ class ScaledSettings:
 class QuickstartSettings(ScaledSettings):
     """Every knob of a quickstart run. `default` is what the README's numbers come from; `fast` is for CI.
 
-    Data: ``num_sft_examples`` held out for cold-start SFT (a few dozen: docs/cold_start.md), ``num_rl_examples``
+    Data: ``parts_counts``, the toy task's parts per context (None: 2 or 3, the quickstart's; a tuple: each context
+    draws its count from it, e.g. ``(1, 2, 5, 6)`` for deliberately uneven trees, benchmarks/uneven_trees.py),
+    ``num_sft_examples`` held out for cold-start SFT (a few dozen: docs/cold_start.md), ``num_rl_examples``
     for RL (>= 10x the SFT set, so `split_cold_start` does not warn), ``num_eval_examples`` held-out tasks evaluated
     ``eval_samples`` times each.
     Policy: a Qwen2-architecture model with ``hidden_size`` and ``num_hidden_layers`` (``trl_ext.testing``).
@@ -53,6 +55,7 @@ class QuickstartSettings(ScaledSettings):
     """
 
     seed: int = 0
+    parts_counts: tuple[int, ...] | None = None
     num_sft_examples: int = 32
     num_rl_examples: int = 480
     num_eval_examples: int = 48

@@ -72,9 +72,10 @@ def cold_start(output: Path, settings: QuickstartSettings, progress: bool, say: 
 
     # 1. data ---------------------------------------------------------------------------------------------------
     tick = time.perf_counter()
-    dataset = make_toy_dataset(settings.num_sft_examples + settings.num_rl_examples, seed=seed)
+    examples = settings.num_sft_examples + settings.num_rl_examples
+    dataset = make_toy_dataset(examples, seed=seed, parts_counts=settings.parts_counts)
     sft_split, rl_split = split_cold_start(dataset, n=settings.num_sft_examples, seed=seed)
-    eval_set = held_out_eval_set(settings.num_eval_examples, seed, exclude=dataset["context"])
+    eval_set = held_out_eval_set(settings.num_eval_examples, seed, dataset["context"], settings.parts_counts)
     say(
         f"[1/6] toy task: {len(sft_split)} examples held out for cold-start SFT, {len(rl_split)} for RL, "
         f"{len(eval_set)} held-out evaluation tasks x {settings.eval_samples} samples"
