@@ -19,17 +19,21 @@ Losses (``--losses``):
 - ``ipo``: the IPO loss as it ships (|p − p_old| ≤ 0.3, ratio band δ = 0.2, ratio cap 8);
 - ``dapo``: TRL's PPO-clip (ε = 0.2, token-level ratios);
 - ``none``: no trust region: the IPO loss with ``ipo_threshold=1.0`` (no token is ever masked) and no ratio band,
-  the importance ratio still capped at 8 (truncated importance sampling, no clipping).
+  the importance ratio still capped at 8 (truncated importance sampling, no clipping);
+- ``ipo_eps0.1`` and ``region_eps0.1``: IPO with a tighter probability region (ε = 0.1, prime-rl's default), with
+  and without the ratio band: which threshold suits which lag (run at k = 2 and 8, the fast learning rate).
 
-Reported per arm: held-out per-digit accuracy before / after (and the gain), the exact match after, the training reward of the last quarter of
-the steps, the trust region's share of tokens by lag (IPO: ``ipo/masked_ratio/lag_j``; PPO-clip:
+Reported per arm: held-out per-digit accuracy before / after (and the gain), the exact match after, the training
+reward of the last quarter of the steps, the trust region's share of tokens by lag (IPO: ``ipo/masked_ratio/lag_j``; PPO-clip:
 ``clip_ratio/region_mean/lag_j``; none: ``ipo/capped_ratio``, the tokens whose ratio hit the cap), the measured lag,
 and collapse events: a run *dead* from the step after which every step trained nothing (grad norm 0), and the
 default monitors' alerts. The table, verdicts and a plot (benchmarks/images/staleness_lag.png) go into
 benchmarks/RESULTS.md; docs/async.md quotes them.
 
-    python benchmarks/staleness_lag.py --seeds 0 1 2 --jobs 2 --workdir W
-    python benchmarks/staleness_lag.py --workdir W --render           # the table again from W's runs
+    python benchmarks/staleness_lag.py --seeds 0 1 2 --jobs 3 --workdir W
+    python benchmarks/staleness_lag.py --seeds 0 1 2 --jobs 3 --workdir W --ks 2 8 --lrs 6e-3 \
+        --losses ipo_eps0.1 region_eps0.1 --no-write                  # the thresholds
+    python benchmarks/staleness_lag.py --workdir W --render --losses ipo dapo none ipo_eps0.1 region_eps0.1
 """
 
 from __future__ import annotations
@@ -48,15 +52,27 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _results import machine, write_section  # noqa: E402
+from ipo_collapse import dead_at  # noqa: E402
 
 SECTION = "staleness_lag"
+DEFAULT_LOSSES = ["ipo", "dapo", "none"]
+THRESHOLD_ARMS = ("ipo", "ipo_eps0.1", "region_eps0.1", "none")  # ε 0.3 + band, 0.1 + band, 0.1 alone, 1.0 alone
 LOSSES: dict[str, dict[str, Any]] = {
     "ipo": {"loss_type": "ipo"},
     "dapo": {"loss_type": "dapo"},
     "none": {"loss_type": "ipo", "ipo_threshold": 1.0, "ipo_ratio_band": None},
+    # the threshold question: a tighter probability region, with and without the ratio band
+    "ipo_eps0.1": {"loss_type": "ipo", "ipo_threshold": 0.1},
+    "region_eps0.1": {"loss_type": "ipo", "ipo_threshold": 0.1, "ipo_ratio_band": None},
 }
-LOSS_LABELS = {"ipo": "IPO (default)", "dapo": "PPO-clip (dapo)", "none": "no trust region (ratio cap 8)"}
-REGION = {"ipo": "ipo/masked_ratio", "dapo": "clip_ratio/region_mean", "none": "ipo/capped_ratio"}
+LOSS_LABELS = {
+    "ipo": "IPO (default)",
+    "dapo": "PPO-clip (dapo)",
+    "none": "no trust region (ratio cap 8)",
+    "ipo_eps0.1": "IPO, ε = 0.1",
+    "region_eps0.1": "IPO region alone, ε = 0.1",
+}
+REGION = {"dapo": "clip_ratio/region_mean", "none": "ipo/capped_ratio"}  # the others: "ipo/masked_ratio"
 
 
 # ----------------------------------------------------------------------------------------------------- one arm
@@ -200,17 +216,6 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------------------------------- figures
-def dead_at(steps: list[dict]) -> int | None:
-    """The first step from which every step to the end had grad norm 0 (None: alive at the end)."""
-    dead = None
-    for entry in steps:
-        if entry.get("grad_norm", 1.0) == 0.0:
-            dead = entry["step"] if dead is None else dead
-        else:
-            dead = None
-    return dead
-
-
 def mean_of(steps: list[dict], key: str, last: float = 1.0) -> float | None:
     """Mean of ``key`` over the last ``last`` share of the steps that logged it (None: never logged)."""
     values = [s[key] for s in steps if key in s]
@@ -221,7 +226,7 @@ def mean_of(steps: list[dict], key: str, last: float = 1.0) -> float | None:
 def by_lag(record: dict) -> str:
     """The trust region's share of tokens per lag j (``<metric>/lag_j``, averaged over the steps), e.g. ``0: 1.2 %,
     1: 3.4 %``; the plain metric where no per-lag metric was logged."""
-    metric = REGION[record["loss"]]
+    metric = REGION.get(record["loss"], "ipo/masked_ratio")
     parts = []
     for lag in range(record["k"] + 1):
         value = mean_of(record["steps"], f"{metric}/lag_{lag}")
@@ -237,7 +242,7 @@ def ipo_split(record: dict) -> str:
     """IPO's masked share split into the tokens its ratio band drops and those its probability region
     (|p − p_old| > ε) drops, means over the steps; "—" for the other losses."""
     masked, band = mean_of(record["steps"], "ipo/masked_ratio"), mean_of(record["steps"], "ipo/band_ratio")
-    if record["loss"] != "ipo" or masked is None or band is None:
+    if record["loss"] in ("dapo", "none") or masked is None or band is None:
         return "—"
     return f"{100 * band:.1f} % / {100 * (masked - band):.1f} %"
 
@@ -297,7 +302,7 @@ def summary(records: list[dict]) -> str:
 
 def lag_share(record: dict) -> float | None:
     """The trust region's share of the tokens at the run's own lag k (its steady state), mean over the steps."""
-    return mean_of(record["steps"], f"{REGION[record['loss']]}/lag_{record['k']}")
+    return mean_of(record["steps"], f"{REGION.get(record['loss'], 'ipo/masked_ratio')}/lag_{record['k']}")
 
 
 def verdicts(records: list[dict]) -> str:
@@ -335,6 +340,24 @@ def verdicts(records: list[dict]) -> str:
                 f"(no trust region's worst gain {worst_none:+.3f}); IPO − PPO-clip "
                 f"{min(g[0] - g[1] for g in gain):+.3f} to {max(g[0] - g[1] for g in gain):+.3f}"
             )
+    for lr in sorted({r["lr"] for r in records}):
+        for k in sorted({r["k"] for r in records if r["k"] > 0}):
+            arms = {
+                loss: [r for r in records if (r["lr"], r["k"], r["loss"]) == (lr, k, loss)] for loss in THRESHOLD_ARMS
+            }
+            if not all(len(runs) == len(seeds) for runs in arms.values()):
+                continue
+            parts = []
+            for loss, runs in arms.items():
+                gains = [r["after"] - r["before"] for r in runs]
+                shares = [lag_share(r) for r in runs]
+                acts = (
+                    "masks nothing"
+                    if None in shares
+                    else f"acts on {100 * min(shares):.1f}–{100 * max(shares):.1f} % of the lag-k tokens"
+                )
+                parts.append(f"{LOSS_LABELS[loss]} gain {min(gains):+.3f} to {max(gains):+.3f}, {acts}")
+            lines.append(f"- thresholds, lr {lr:g}, k = {k}: " + "; ".join(parts))
     dead = [r for r in records if dead_at(r["steps"]) is not None]
     collapses = sorted({(r["lr"], r["k"], r["loss"], r["seed"]) for r in records for rule, _ in r["alerts"]
                         if rule in ("reward_collapse", "entropy_collapse")})  # fmt: skip
@@ -364,7 +387,7 @@ def plot(records: list[dict]) -> str | None:
                     continue
                 ks = [r["k"] for r in runs]
                 gain.setdefault(LOSS_LABELS[loss], []).append((ks, [r["after"] - r["before"] for r in runs]))
-                shares = [100 * (mean_of(r["steps"], REGION[loss]) or 0.0) for r in runs]
+                shares = [100 * (mean_of(r["steps"], REGION.get(loss, "ipo/masked_ratio")) or 0.0) for r in runs]
                 region.setdefault(LOSS_LABELS[loss], []).append((ks, shares))
         curves[f"held-out digit accuracy gain, lr {lr:g}"] = gain
         curves[f"trust region acts on (% of tokens), lr {lr:g}"] = region
@@ -377,12 +400,24 @@ def plot(records: list[dict]) -> str | None:
 def render(records: list[dict], args: argparse.Namespace, seconds: float | None) -> str:
     image = plot(records)
     took = "" if seconds is None else f"; {seconds / 60:.0f} min in all"
+
+    def command(losses: list[str]) -> str:
+        runs = [r for r in records if r["loss"] in losses and (r["k"] or losses == DEFAULT_LOSSES)]
+        ks, lrs = sorted({r["k"] for r in runs}), sorted({r["lr"] for r in runs})
+        return (
+            f"`python benchmarks/staleness_lag.py --seeds {' '.join(map(str, args.seeds))} --ks "
+            f"{' '.join(map(str, ks))} --lrs {' '.join(f'{x:g}' for x in lrs)}"
+            + ("" if losses == DEFAULT_LOSSES else f" --losses {' '.join(losses)}")
+            + f" --steps {args.steps} --prompts {args.prompts} --sleep {args.sleep:g} --threads {args.threads} "
+            f"--jobs {args.jobs}`"
+        )
+
+    extra = [loss for loss in LOSSES if loss not in DEFAULT_LOSSES and any(r["loss"] == loss for r in records)]
     parts = [
         "## Staleness at a real lag: IPO vs PPO-clip vs no trust region (issue 46)",
-        f"`python benchmarks/staleness_lag.py --seeds {' '.join(map(str, args.seeds))} --ks "
-        f"{' '.join(map(str, args.ks))} --lrs {' '.join(f'{x:g}' for x in args.lrs)} --steps {args.steps} "
-        f"--prompts {args.prompts} --sleep {args.sleep:g} --threads {args.threads} --jobs {args.jobs}` "
-        f"({machine(threads=False)}{took}, 2 cores shared with other studies). The judge-credit miniature's copy "
+        command(DEFAULT_LOSSES)
+        + (f", and for the thresholds {command(extra)}" if extra else "")
+        + f" ({machine(threads=False)}{took}, 2 cores shared with other studies). The judge-credit miniature's copy "
         "task (5 digits, reward: per-digit accuracy) on `ExtAsyncGRPOTrainer` from each seed's cold-start SFT policy: LoRA "
         f"r 8, {args.prompts} prompts x 8 rollouts a step at temperature 0.7, each sample trained once, no KL term, "
         f"constant learning rate, {args.steps} steps; a `LocalPolicy` samples (synced every step) and a callback "
@@ -406,7 +441,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 4, 8], help="max_staleness values (lags)")
     parser.add_argument("--lrs", type=float, nargs="+", default=[3e-3, 1e-2], help="constant learning rates")
-    parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
+    parser.add_argument("--losses", nargs="+", default=DEFAULT_LOSSES, choices=list(LOSSES))
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--prompts", type=int, default=4, help="prompts per optimizer step (8 rollouts each)")
     parser.add_argument("--sleep", type=float, default=1.0, help="seconds slept after each optimizer step")
