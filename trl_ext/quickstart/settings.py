@@ -49,9 +49,10 @@ class QuickstartSettings(ScaledSettings):
     split into (gradient accumulation: the same optimizer step, a fraction of the activation memory), LoRA
     rank/alpha, ``max_completion_length`` tokens per action, ``max_turns`` per node (the task takes two: look at the
     context, then answer), ``max_children`` a root may start (one per part, at most 3 in the quickstart's data, with
-    room for one more; benchmarks/uneven_trees.py raises it for its 5- and 6-part contexts), sampling ``temperature``, ``loss_type`` (``"ipo"``, or e.g. ``"dapo"`` for PPO-clip) and
-    ``rlm_loss_normalization`` (``"subtree"``: 1/k_g weights; ``"token"``: a plain token mean) — the last two are
-    what the ablations change (docs/quickstart.md).
+    room for one more; benchmarks/uneven_trees.py raises it for its 5- and 6-part contexts), sampling
+    ``temperature``, ``loss_type`` (``"ipo"``, or e.g. ``"dapo"`` for PPO-clip) and ``rlm_loss_normalization``
+    (``"subtree"``: 1/k_g weights; ``"token"``: a plain token mean) — the last two are what the ablations change
+    (docs/quickstart.md).
     """
 
     seed: int = 0
