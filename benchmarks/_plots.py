@@ -34,9 +34,9 @@ def plot_curves(
 ) -> Path:
     """Draw ``curves`` into ``benchmarks/images/<name>.png`` and return the path (a path relative to RESULTS.md is
     ``images/<name>.png``); the panels named in ``log_panels`` get a logarithmic y axis."""
-    from trl_ext.callbacks.plotting import _load_matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    Figure, FigureCanvasAgg = _load_matplotlib()
     panels = [panel for panel, arms in curves.items() if any(arms.values())]
     columns = 2 if len(panels) > 2 else 1
     rows = -(-len(panels) // columns)
