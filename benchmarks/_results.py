@@ -28,3 +28,19 @@ def write_section(name: str, body: str) -> None:
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
     RESULTS.write_text(text)
+
+
+def quiet_run(threads: int) -> None:
+    """A benchmark process's set-up: offline, ``threads`` torch threads, no tokenizer worker threads, no progress bars
+    or info logs of transformers and datasets."""
+    import os
+
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    torch.set_num_threads(threads)
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    datasets.disable_progress_bars()

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -38,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import machine, write_section  # noqa: E402
+from _results import machine, quiet_run, write_section  # noqa: E402
 
 SECTION = "cold_start"
 ARMS = ("holdout", "large", "full", "none")
@@ -252,15 +251,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None, help="keep the runs here (default: a temporary dir)")
     parser.add_argument("--no-write", action="store_true", help="print the section only")
     args = parser.parse_args()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import datasets
-    import torch
-    from transformers.utils import logging as hf_logging
-
-    torch.set_num_threads(args.threads)
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    datasets.disable_progress_bars()
+    quiet_run(args.threads)
     started = time.perf_counter()
     records = []
     with tempfile.TemporaryDirectory() as tmp:

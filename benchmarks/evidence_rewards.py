@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -35,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import machine, write_section  # noqa: E402
+from _results import machine, quiet_run, write_section  # noqa: E402
 
 SECTION = "evidence_rewards"
 ARM_LABELS = {"f1": "F1-trained", "rubric": "rubric-trained"}
@@ -184,19 +183,10 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import datasets
-    import torch
-    from transformers.utils import logging as hf_logging
-
+    quiet_run(args.threads)
     from trl_ext.quickstart.evidence_study import EvidenceSettings, evidence_study
     from trl_ext.quickstart.evidence_task import evidence_rows
 
-    torch.set_num_threads(args.threads)
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    datasets.disable_progress_bars()
     settings = replace(EvidenceSettings(), rl_steps=args.steps)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:

@@ -14,14 +14,13 @@ benchmarks/RESULTS.md is written from it.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import machine, write_section  # noqa: E402
+from _results import machine, quiet_run, write_section  # noqa: E402
 
 SECTION = "judge_credit_ablation"
 
@@ -61,18 +60,9 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print the table only")
     args = parser.parse_args()
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import datasets
-    import torch
-    from transformers.utils import logging as hf_logging
-
+    quiet_run(args.threads)
     from trl_ext.quickstart.judge_credit import JudgeCreditSettings, judge_credit_ablation
 
-    torch.set_num_threads(args.threads)
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    datasets.disable_progress_bars()
     settings = JudgeCreditSettings.default()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import machine, write_section  # noqa: E402
+from _results import machine, quiet_run, write_section  # noqa: E402
 from ipo_collapse import dead_at  # noqa: E402
 
 SECTION = "staleness_lag"
@@ -175,17 +175,11 @@ def run_arm(js: Any, sft: tuple, sft_dir: Path, eval_set: Any, loss: str, k: int
 def run_seed(seed: int, args: argparse.Namespace) -> None:
     """Every arm of one seed, in this process; records appended to ``<workdir>/seed<seed>.jsonl`` (an arm already
     there is skipped, so an interrupted seed resumes)."""
-    import datasets
-    import torch
     from _monitors_runs import async_sft_policy
-    from transformers.utils import logging as hf_logging
 
     from trl_ext.quickstart.copy_task import copy_task_splits
 
-    torch.set_num_threads(args.threads)
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    datasets.disable_progress_bars()
+    quiet_run(args.threads)
     out = args.workdir / f"seed{seed}.jsonl"
     done = {(r["loss"], r["k"], r["lr"]) for r in read_jsonl(out)}
     js, sft, sft_dir = async_sft_policy(seed, args.workdir / f"sft-seed{seed}")

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import machine, write_section  # noqa: E402
+from _results import machine, quiet_run, write_section  # noqa: E402
 
 SECTION = "uneven_trees"
 TITLE = "1/k_g on deliberately uneven trees (1, 2, 5 or 6 parts per context)"
@@ -147,19 +147,14 @@ def training_curves(output: Path) -> dict[str, list]:
 
 def worker(seed: int, arms: list[str], workdir: Path, overrides: dict[str, Any]) -> None:
     """One seed in this process: the uneven cold start once, then every arm; writes ``seed{S}.json``."""
-    import datasets
     import torch
-    from transformers.utils import logging as hf_logging
 
     from trl_ext.quickstart import QuickstartSettings
     from trl_ext.quickstart.runner import prepare_output_dir
     from trl_ext.quickstart.stepwise import cold_start, reinforce
     from trl_ext.quickstart.training import fresh_copy
 
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    datasets.disable_progress_bars()
+    quiet_run(int(os.environ.get("OMP_NUM_THREADS", "1")))
     # uneven data; the quickstart's 4 children a root would refuse a six-part delegation
     settings = dataclasses.replace(
         QuickstartSettings.default(seed), parts_counts=PARTS_COUNTS, max_children=MAX_CHILDREN, **overrides
